@@ -1,0 +1,100 @@
+"""The SVFlow vector field: an expectation of Riemannian scores under a variational posterior.
+
+    dx/dt = v_t(x) = E_{q_t(z | x)} [ grad_x log p_t(x | z) ]         on S^{d-1}
+
+Every field in :mod:`svflow_jax.flow` is a :class:`VectorField`. It implements one method,
+:meth:`VectorField.drift`, the expectation of the *Euclidean* scores
+
+    u_t(x) = E_{q_t(z | x)} [ grad^E_x log p_t(x | z) ]    (an ambient vector in R^d),
+
+and inherits the Riemannian field ``v_t(x) = P_x u_t(x)``. Because ``P_x`` is linear, the
+expectation of the Riemannian scores equals the projection of the expected Euclidean score:
+projecting once per token instead of once per latent saves a factor of the number of latents.
+
+The Euclidean drift ``u`` is what an unprojected Transformer branch computes; its radial part
+``x . u`` never matters in the continuous limit (see ``SVFLOW.md`` section 5), which is why
+both are exposed.
+
+A field is called like a diffrax vector field, ``field(t, x, args)``, with ``x`` of shape
+``(..., n, d)`` (tokens on the last-but-one axis, any leading batch axes), so it can be wrapped
+directly in ``diffrax.ODETerm``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree, Real
+
+from ..sphere import project_tangent
+
+__all__ = ["VectorField", "SumField", "ScaledField"]
+
+
+class VectorField(eqx.Module):
+    """A time-dependent tangent field on ``(S^{d-1})^n``: ``v_t(x) = P_x E_q[grad log p]``."""
+
+    @abc.abstractmethod
+    def drift(
+        self, t: Real[Array, ""], x: Float[Array, "... n d"]
+    ) -> Float[Array, "... n d"]:
+        """Expected Euclidean score ``u_t(x) = E_q[grad^E log p(x | z)]`` (not projected)."""
+
+    def __call__(
+        self, t: Real[Array, ""], x: Float[Array, "... n d"], args: PyTree = None
+    ) -> Float[Array, "... n d"]:
+        """Riemannian field ``v_t(x) = P_x u_t(x)``, tangent to the sphere at every token."""
+        del args
+        return project_tangent(x, self.drift(t, x))
+
+    def ambient(
+        self, t: Real[Array, ""], y: Float[Array, "... n d"], args: PyTree = None
+    ) -> Float[Array, "... n d"]:
+        """Ambient extension ``F(y) = u_t(y / |y|)`` used by pre-norm layers.
+
+        Pre-norm residual streams live in R^d, not on the sphere: ``y <- y + h F(Norm(y))``
+        is forward Euler of ``dy/dt = u_t(y/|y|)`` (``SVFLOW.md`` section 5).
+        """
+        del args
+        return self.drift(t, y / jnp.linalg.norm(y, axis=-1, keepdims=True))
+
+
+class SumField(VectorField):
+    """``v = v_1 + ... + v_m``: independent latents whose log-likelihoods add, so scores add.
+
+    A parallel Transformer block (attention and FFN on one residual) integrates this field.
+    """
+
+    fields: tuple[VectorField, ...]
+
+    def __init__(self, *fields: VectorField):
+        if not fields:
+            raise ValueError("SumField needs at least one field")
+        self.fields = tuple(fields)
+
+    def drift(self, t, x):
+        return sum(f.drift(t, x) for f in self.fields)
+
+
+class ScaledField(VectorField):
+    """``c * v``: used for half steps (a Macaron block's FFN halves are ``v_F / 2`` on ``h``)."""
+
+    field: VectorField
+    scale: float = eqx.field(static=True)
+
+    def drift(self, t, x):
+        return self.scale * self.field.drift(t, x)
+
+
+def _check_tokens(x: Array, d: int, what: str) -> None:
+    """Static shape check shared by the fields: ``x`` is ``(..., n, d)``."""
+    if x.ndim < 2:
+        raise ValueError(
+            f"{what}: the state must have shape (..., n, d) (tokens x dimension), got {x.shape}"
+        )
+    if x.shape[-1] != d:
+        raise ValueError(
+            f"{what}: the state has dimension d={x.shape[-1]} but the parameters expect d={d}"
+        )
