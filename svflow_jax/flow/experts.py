@@ -106,7 +106,8 @@ class ExpertsParams(eqx.Module):
                 f"{self.experts.num_experts} experts need a router; only a single expert "
                 "(a dense FFN) may go without one"
             )
-        if self.router is not None and self.router.weight.shape != (
+        # Trailing axes only: stacked (per-layer) parameters carry a leading anchor axis.
+        if self.router is not None and self.router.weight.shape[-2:] != (
             self.experts.dim, self.experts.num_experts
         ):
             raise ValueError(
