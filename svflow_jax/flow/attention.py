@@ -133,6 +133,21 @@ def expected_score(
     return jnp.einsum("...hij,...hjd->...id", posterior, eta)
 
 
+def expected_natural_parameter(
+    params: AttentionParams, posterior: Float[Array, "... H n n"], x: Float[Array, "... n d"]
+) -> Float[Array, "... n d"]:
+    """``E_q[eta] = sum_h (sum_j q(j | x_i, h) x_j N_h) M_h``, the same expectation as
+    :func:`expected_score` of :func:`natural_parameters`, in a cheaper order.
+
+    ``eta_{hj} = x_j N_h M_h`` is linear in ``x_j``, so the posterior average can be taken in the
+    ``r``-dimensional space of ``x_j N_h`` before mapping to R^d with ``M_h``: ``O(H n^2 r)``
+    work instead of ``O(H n^2 d)`` (the field is evaluated at every solver stage).
+    """
+    hidden = jnp.einsum("...nd,dhr->...hnr", x, params.natural_in)
+    averaged = jnp.einsum("...hij,...hjr->...hir", posterior, hidden)
+    return jnp.einsum("...hir,hrd->...id", averaged, params.natural_out)
+
+
 class AttentionField(VectorField):
     """The attention field ``v_t(x_i) = P_{x_i} E_{q_t((h, j) | x_i)}[eta_{h j}]``.
 
@@ -157,5 +172,4 @@ class AttentionField(VectorField):
         # The einsums promote to the wider of state and parameter dtypes; cast the parameters
         # so that a float32 state stays float32 (and float64 stays float64).
         theta = jax.tree.map(lambda a: a.astype(x.dtype), theta)
-        return expected_score(attention_posterior(theta, x, self.causal),
-                              natural_parameters(theta, x))
+        return expected_natural_parameter(theta, attention_posterior(theta, x, self.causal), x)

@@ -21,6 +21,7 @@ scores cross. Order tests of higher-order solvers belong on dense routing (``top
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import equinox as eqx
@@ -62,13 +63,20 @@ class ScoreNetworks(eqx.Module):
     def dim(self) -> int:
         return self.w1.shape[-2]
 
+    def _hidden(self, x: Array, project: Callable[[Array, Array], Array]) -> Array:
+        """``gelu(x W1)`` or ``silu(x W1) * (x W3)``, with ``project(x, W)`` the matmul."""
+        pre = project(x, self.w1)
+        if self.activation == "gelu":
+            return jax.nn.gelu(pre, approximate=False)
+        return jax.nn.silu(pre) * project(x, self.w3)
+
+    def single(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        """The score of the only expert (``E = 1``), without an expert axis (plain matmuls)."""
+        return self._hidden(x, lambda a, w: a @ w[0]) @ self.w2[0]
+
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... E d"]:
         """Every expert's score at ``x``."""
-        pre = jnp.einsum("...d,edf->...ef", x, self.w1)
-        if self.activation == "gelu":
-            hidden = jax.nn.gelu(pre, approximate=False)
-        else:
-            hidden = jax.nn.silu(pre) * jnp.einsum("...d,edf->...ef", x, self.w3)
+        hidden = self._hidden(x, lambda a, w: jnp.einsum("...d,edf->...ef", a, w))
         return jnp.einsum("...ef,efd->...ed", hidden, self.w2)
 
 
@@ -170,8 +178,8 @@ class ExpertsField(VectorField):
         theta = jax.tree.map(lambda a: a.astype(x.dtype), self.params(t))
         _check_tokens(x, theta.experts.dim, "ExpertsField")
         y = self.radius * x
+        if theta.router is None:  # a dense FFN: one expert, q = 1 (no expert axis to carry)
+            return theta.experts.single(y) / self.radius
         scores = theta.experts(y) / self.radius  # (..., n, E, d)
-        if theta.router is None:
-            return scores[..., 0, :]
         posterior = router_posterior(y @ theta.router.weight, self.top_k)
         return jnp.einsum("...e,...ed->...d", posterior, scores)
