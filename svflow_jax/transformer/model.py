@@ -1,9 +1,8 @@
 """A standard Transformer in Flax NNX, readable in one sitting (in the spirit of nanoGPT).
 
 Shapes: hidden states are ``(..., n, d)`` (any leading batch axes, ``n`` tokens, ``d = d_model``).
-Letters in einsum strings: ``d`` model width, ``h`` query head, ``g`` key/value head, ``r`` query
-head within its group, ``k`` head width, ``f`` FFN width, ``e`` expert, ``q``/``s`` query/key
-position.
+Letters in einsum strings: ``d`` model width, ``h`` head, ``g`` key/value head, ``k`` head width,
+``f`` FFN width, ``e`` expert, ``q``/``s`` query/key position.
 
 One layer is a short list of residual *sub-steps*. A sub-step with step ``c`` and branches
 ``B_1..B_m`` (attention ``A``, FFN ``F``) reads, with ``P_z u = u - (z.u / z.z) z`` applied only
@@ -145,12 +144,18 @@ class Attention(nnx.Module):
             q, k, v = q + _get(self.bq, x), k + _get(self.bk, x), v + _get(self.bv, x)
         # RoPE hook: rotary embeddings would rotate q and k here, per position, before the
         # scores (config.rope is validated to be None until that exists).
-        # Group the query heads: head h = g * (H // Hkv) + r reads key/value head g.
-        q = q.reshape(*q.shape[:-2], self.n_kv_heads, self.n_heads // self.n_kv_heads, -1)
+        # Grouped-query attention: query head h reads key/value head h // (H // Hkv), so each
+        # key/value head is repeated for its group (Llama's repeat_kv) and the einsums below are
+        # plain multi-head ones. (A separate group axis, of size 1 without GQA, made XLA
+        # transpose and copy the (H, n, n) scores several times per layer: ~5-10% of a CPU
+        # forward pass, see experiments/benchmark.py.)
+        group = self.n_heads // self.n_kv_heads
+        if group > 1:
+            k, v = jnp.repeat(k, group, axis=-2), jnp.repeat(v, group, axis=-2)
         return q, k, v
 
-    def _probs(self, q: Array, k: Array) -> Float[Array, "... g r q s"]:
-        scores = jnp.einsum("...qgrk,...sgk->...grqs", q, k) / math.sqrt(self.d_head)
+    def _probs(self, q: Array, k: Array) -> Float[Array, "... h q s"]:
+        scores = jnp.einsum("...qhk,...shk->...hqs", q, k) / math.sqrt(self.d_head)
         if self.causal:
             n = scores.shape[-1]
             allowed = jnp.tril(jnp.ones((n, n), dtype=bool))
@@ -164,14 +169,11 @@ class Attention(nnx.Module):
         """The softmax matrices, one per query head: ``[..., h, i, j]`` = weight of key j for
         query i."""
         q, k, _ = self._qkv(x)
-        p = self._probs(q, k)
-        return p.reshape(*p.shape[:-4], self.n_heads, *p.shape[-2:])
+        return self._probs(q, k)
 
     def __call__(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
         q, k, v = self._qkv(x)
-        p = self._probs(q, k)
-        o = jnp.einsum("...grqs,...sgk->...qgrk", p, v)
-        o = o.reshape(*o.shape[:-3], self.n_heads, self.d_head)
+        o = jnp.einsum("...hqs,...shk->...qhk", self._probs(q, k), v)
         out = jnp.einsum("...nhk,hkd->...nd", o, _get(self.wo, x))
         if self.bo is not None:
             out = out + _get(self.bo, x)
