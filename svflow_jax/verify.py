@@ -408,7 +408,7 @@ EXACTNESS_VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "postnorm": (dict(norm_position="post", block="parallel", project_branches=False),
                  "VariableStepRetractedEuler, h' = h / (1 + h x.u)"),
     "prenorm": (dict(norm_position="pre", block="parallel", project_branches=False),
-                "diffrax Euler of dy/dt = F(y / |y|)"),
+                "diffrax Euler of dy/dt = F(R(y)), R(y) = y / norm(y)"),
     "sequential": (dict(norm_position="post", block="sequential", project_branches=True),
                    "LieTrotter(RetractedEuler) of v_A, v_F"),
     "parallel": (dict(norm_position="post", block="parallel", project_branches=True,
