@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import ClassVar
 
 import diffrax
 import equinox as eqx
 import jax.numpy as jnp
-from diffrax import RESULTS, AbstractSolver, AbstractTerm, MultiTerm, ODETerm
+from diffrax import RESULTS, AbstractSolver, MultiTerm, ODETerm
 from jaxtyping import Array, Float
 
 from . import sphere
@@ -58,7 +57,7 @@ from .flow import (
     ScoreNetworks,
     SumField,
 )
-from .solvers import LieTrotter, RetractedEuler, RetractedLinearInterpolation, Strang, solve
+from .solvers import AbstractSphereSolver, LieTrotter, RetractedEuler, Strang, solve
 from .transformer import Transformer, TransformerConfig, layer_params
 
 __all__ = [
@@ -191,7 +190,7 @@ def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[st
     return out
 
 
-class VariableStepRetractedEuler(AbstractSolver):
+class VariableStepRetractedEuler(AbstractSphereSolver):
     """Retracted Euler with a per-token step: ``y1 = R(y0 + h' P_y u)``, ``h' = h/(1 + h y.u)``.
 
     The term must return the *unprojected* drift ``u`` (``VectorField.drift``). This is the
@@ -204,14 +203,8 @@ class VariableStepRetractedEuler(AbstractSolver):
     then raises (also under ``jit``) instead of returning a wrong state.
     """
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar = RetractedLinearInterpolation
-
     def order(self, terms):
         return 1
-
-    def init(self, terms, t0, t1, y0, args):
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -226,9 +219,6 @@ class VariableStepRetractedEuler(AbstractSolver):
             "layer is not a retracted Euler step of the flow (the step h is too large)",
         )
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
 
 def _block_solver(block: str, step: AbstractSolver) -> AbstractSolver:

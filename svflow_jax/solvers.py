@@ -63,6 +63,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 from svflow_jax import sphere
 
 __all__ = [
+    "AbstractSphereSolver",
     "RetractedEuler",
     "GeodesicEuler",
     "Retracted",
@@ -194,23 +195,35 @@ class _RetractedInterpolationFactory:
 # ---------------------------------------------------------------------------------------------
 
 
-class RetractedEuler(AbstractSolver):
+class AbstractSphereSolver(AbstractSolver):
+    """Base of the single-step solvers here: one term, no solver state, no error estimate.
+
+    Subclasses implement ``order`` and ``step``; dense output defaults to
+    :class:`RetractedLinearInterpolation`. Subclass it to write a new layer design in a few
+    lines (``step`` returns ``y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful``).
+    """
+
+    term_structure: ClassVar = AbstractTerm
+    interpolation_cls: ClassVar[Callable[..., AbstractLocalInterpolation]] = (
+        RetractedLinearInterpolation
+    )
+
+    def init(self, terms, t0, t1, y0, args) -> None:
+        return None
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+
+class RetractedEuler(AbstractSphereSolver):
     """Retracted forward Euler: ``y1 = R(y0 + h f(t0, y0))``, ``R(y) = y / |y|`` per row.
 
     This is one post-norm Transformer layer (SVFLOW.md section 5). Order 1. No error estimate
     (use fixed steps). Dense output: :class:`RetractedLinearInterpolation`.
     """
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar[Callable[..., RetractedLinearInterpolation]] = (
-        RetractedLinearInterpolation
-    )
-
     def order(self, terms) -> int:
         return 1
-
-    def init(self, terms, t0, t1, y0, args) -> None:
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -219,25 +232,18 @@ class RetractedEuler(AbstractSolver):
         y1 = _retract_tree(jtu.tree_map(jnp.add, y0, increment))
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
 
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
-
-class GeodesicEuler(AbstractSolver):
+class GeodesicEuler(AbstractSphereSolver):
     """Geodesic Euler: ``y1 = exp_{y0}(h f(t0, y0))``, following the great circle.
 
     Order 1. The state must be a single array. Dense output: :class:`GeodesicInterpolation`
     (the same great circle).
     """
 
-    term_structure: ClassVar = AbstractTerm
     interpolation_cls: ClassVar[Callable[..., GeodesicInterpolation]] = GeodesicInterpolation
 
     def order(self, terms) -> int:
         return 1
-
-    def init(self, terms, t0, t1, y0, args) -> None:
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -245,9 +251,6 @@ class GeodesicEuler(AbstractSolver):
         w = sphere.project_tangent(y0, terms.vf_prod(t0, y0, args, control))
         y1 = sphere.exp_map(y0, w)
         return y1, None, dict(y0=y0, w=w), None, RESULTS.successful
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +390,7 @@ class RK4(diffrax.AbstractERK):
 # ---------------------------------------------------------------------------------------------
 
 
-class _AbstractCrouchGrossman(AbstractSolver):
+class _AbstractCrouchGrossman(AbstractSphereSolver):
     """Explicit Crouch-Grossman method for the action of SO(d) on each token's sphere.
 
     With ``k_j = h f(t0 + c_j h, Y_j)``, stage ``j`` freezes, per token, the generator
@@ -408,16 +411,8 @@ class _AbstractCrouchGrossman(AbstractSolver):
     c: ClassVar[tuple[float, ...]]
     method_order: ClassVar[int]
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar[Callable[..., RetractedLinearInterpolation]] = (
-        RetractedLinearInterpolation
-    )
-
     def order(self, terms) -> int:
         return self.method_order
-
-    def init(self, terms, t0, t1, y0, args) -> None:
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -433,9 +428,6 @@ class _AbstractCrouchGrossman(AbstractSolver):
         # Rotations keep |y| = 1 exactly; the retraction only stops round-off accumulating.
         y1 = sphere.retract(_compose_rotations(y0, stages, incs, self.b))
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
 
 def _compose_rotations(y0, stages, incs, coeffs) -> Array:
@@ -481,7 +473,7 @@ def _act(u: Array, y: Array) -> Array:
     return sphere.retract(jnp.einsum("...ij,...j->...i", jsl.expm(u), y))
 
 
-class RKMK4(AbstractSolver):
+class RKMK4(AbstractSphereSolver):
     """Runge-Kutta-Munthe-Kaas method with the classical RK4 tableau.
 
     Per token, ``xi(t, y) = f(t, y) y^T - y f(t, y)^T`` in so(d) (``xi(y) y = f(y)``). The
@@ -500,16 +492,8 @@ class RKMK4(AbstractSolver):
     after each action only removes round-off. The state must be a single array.
     """
 
-    term_structure: ClassVar = AbstractTerm
-    interpolation_cls: ClassVar[Callable[..., RetractedLinearInterpolation]] = (
-        RetractedLinearInterpolation
-    )
-
     def order(self, terms) -> int:
         return 4
-
-    def init(self, terms, t0, t1, y0, args) -> None:
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -527,16 +511,13 @@ class RKMK4(AbstractSolver):
         y1 = _act(u, y0)
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
 
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
-
 
 # ---------------------------------------------------------------------------------------------
 # Splittings
 # ---------------------------------------------------------------------------------------------
 
 
-class _AbstractSplitting(AbstractSolver):
+class _AbstractSplitting(AbstractSphereSolver):
     """Splitting of ``f = f_A + f_B`` given as ``MultiTerm(term_A, term_B)``.
 
     Each sub-step is one step of ``substep`` (any single-step solver that stays on the sphere:
@@ -550,20 +531,11 @@ class _AbstractSplitting(AbstractSolver):
     substep: AbstractSolver
 
     term_structure: ClassVar = MultiTerm[tuple[AbstractTerm, AbstractTerm]]
-    interpolation_cls: ClassVar[Callable[..., RetractedLinearInterpolation]] = (
-        RetractedLinearInterpolation
-    )
-
-    def init(self, terms, t0, t1, y0, args) -> None:
-        return None
 
     def _sub(self, term, ta, tb, y, args):
         state = self.substep.init(term, ta, tb, y, args)
         y1, _, _, _, result = self.substep.step(term, ta, tb, y, args, state, False)
         return y1, result
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
 
 class LieTrotter(_AbstractSplitting):
