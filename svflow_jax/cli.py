@@ -7,9 +7,6 @@ Subcommands:
   drift without retraction, and pre-norm against post-norm; writes ``summary.json``, CSV
   tables, PNG figures and ``report.md`` to ``--out``; exits non-zero when a claim fails.
 * ``sweep``: a custom step-size sweep (chosen solvers, sizes, step counts); resumable.
-* ``demo``: integrate a small random SVFlow (attention + FFN with a smooth theta(t)) with an
-  adaptive retracted Tsit5 reference and with retracted Euler (a Transformer) at several depths,
-  and print how the Euler error shrinks with the step and that every state stays on the sphere.
 """
 
 from __future__ import annotations
@@ -20,64 +17,12 @@ import time
 from pathlib import Path
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _setup_jax() -> None:
+    """x64 must be switched on before any array exists. It stays on for float32 runs too:
+    their references are float64 solves, and every float32 array is asked for explicitly."""
     import jax
 
-    jax.config.update("jax_enable_x64", args.dtype == "float64")
-    import diffrax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from . import flow, sphere
-    from .solvers import Retracted, RetractedEuler, solve
-
-    dtype = jnp.float64 if args.dtype == "float64" else jnp.float32
-    key = jax.random.PRNGKey(args.seed)
-    k_att, k_ffn, k_x = jax.random.split(key, 3)
-    d, n, anchors, t1 = args.dim, args.tokens, 4, 1.0
-    attention = flow.stack([
-        flow.AttentionParams.random(k, d, 2, d // 2, concentration=2.0, dtype=dtype)
-        for k in jax.random.split(k_att, anchors)
-    ])
-    experts = flow.stack([
-        flow.ExpertsParams.random(k, d, 2 * d, dtype=dtype)
-        for k in jax.random.split(k_ffn, anchors)
-    ])
-    field = flow.SumField(
-        flow.AttentionField(flow.ChebyshevInterpolation(attention, 0.0, t1)),
-        flow.ExpertsField(flow.ChebyshevInterpolation(experts, 0.0, t1)),
-    )
-    x0 = sphere.uniform(k_x, (n,), d, dtype)
-
-    start = time.perf_counter()
-    reference = solve(
-        field, x0, 0.0, t1, solver=Retracted(diffrax.Tsit5()),
-        stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10),
-    ).ys[-1]
-    print(f"SVFlow on S^{d - 1}: n={n} tokens, attention (2 heads) + FFN, Chebyshev theta(t), "
-          f"t in [0, {t1}], {args.dtype}")
-    print(f"reference: Retracted(Tsit5) rtol=atol=1e-10, norm drift "
-          f"{float(sphere.norm_drift(reference)):.1e}")
-    print(f"{'layers L':>9} {'step h':>9} {'max geodesic error':>19} {'norm drift':>11}")
-    errors, steps = [], []
-    for layers in (4, 8, 16, 32, 64):
-        h = t1 / layers
-        y = solve(field, x0, 0.0, t1, solver=RetractedEuler(), dt0=h).ys[-1]
-        err = float(jnp.max(sphere.geodesic_distance(y, reference)))
-        errors.append(err)
-        steps.append(h)
-        print(f"{layers:>9d} {h:>9.4f} {err:>19.3e} {float(sphere.norm_drift(y)):>11.1e}")
-    slope = np.polyfit(np.log(steps), np.log(errors), 1)[0]
-    print(f"fitted order of retracted Euler (a post-norm Transformer): {slope:.2f} (theory 1)")
-    print(f"done in {time.perf_counter() - start:.1f} s")
-    return 0
-
-
-def _setup_jax(dtype: str) -> None:
-    """x64 must be switched on before any array exists."""
-    import jax
-
-    jax.config.update("jax_enable_x64", dtype == "float64")
+    jax.config.update("jax_enable_x64", True)
 
 
 def _default_out(command: str) -> str:
@@ -89,7 +34,7 @@ def _problem_options(args: argparse.Namespace) -> dict:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    _setup_jax(args.dtype)
+    _setup_jax()
     import jax.numpy as jnp
     from tqdm import tqdm
 
@@ -128,15 +73,16 @@ def _verify(args: argparse.Namespace) -> int:
         timings["prenorm_vs_postnorm_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - start
 
-    passed = (all(r["passed"] for r in exactness) and all(r["passed"] for r in convergence)
-              and prepost["passed"])
+    # A solver whose order float32 round-off cannot resolve has passed = None (not a failure).
+    passed = (all(r["passed"] for r in exactness)
+              and all(r["passed"] is not False for r in convergence) and prepost["passed"])
     config = {k: v for k, v in vars(args).items() if k not in ("run", "no_progress")}
     config["out"] = str(out)
     summary = {
         "schema_version": report.SCHEMA_VERSION,
         "passed": passed,
         "config": {**config, "reference_tolerance": verify.REFERENCE_TOLERANCE,
-                   "fit_floor": verify.FIT_FLOOR, "fit_ceiling": verify.FIT_CEILING,
+                   "fit_floor": verify.fit_floor(dtype), "fit_ceiling": verify.FIT_CEILING,
                    "min_steps_in_fit": verify.MIN_STEPS_IN_FIT},
         "exactness": exactness,
         "convergence": convergence,
@@ -158,7 +104,7 @@ def _print_verify(summary: dict, out: Path) -> None:
     for r in summary["convergence"]:
         lo, hi = r["order_ci"]
         print(f"{r['solver']:<17} {r['expected_order']:>8} {r['fitted_order']:>7.2f} "
-              f"  [{lo:6.2f}, {hi:6.2f}] {r['fit_points']:>4}  {'PASS' if r['passed'] else 'FAIL'}")
+              f"  [{lo:6.2f}, {hi:6.2f}] {r['fit_points']:>4}  {_verdict(r['passed'])}")
     pp = summary["prenorm_vs_postnorm"]
     print(f"\npost-norm order {pp['postnorm_order']:.2f}; pre-norm error at the finest step "
           f"{pp['prenorm_error_finest']:.3g} (no convergence to the spherical flow): "
@@ -167,8 +113,12 @@ def _print_verify(summary: dict, out: Path) -> None:
     print(f"\n{verdict} in {summary['timings']['total_s']:.1f} s; report: {out / 'report.md'}")
 
 
+def _verdict(passed: bool | None) -> str:
+    return {True: "PASS", False: "FAIL", None: "UNRESOLVED (round-off)"}[passed]
+
+
 def _sweep(args: argparse.Namespace) -> int:
-    _setup_jax(args.dtype)
+    _setup_jax()
     import json
 
     import jax.numpy as jnp
@@ -200,10 +150,9 @@ def _sweep(args: argparse.Namespace) -> int:
         if path.exists():  # resume: this solver is done
             rows.append(json.loads(path.read_text()))
             continue
-        if args.steps:
-            verify.STEP_RANGES[name] = (args.steps[0], args.steps[1])
         row = verify.convergence_sweep(problem, [name], reference, repeats=args.repeats,
-                                       num_sizes=args.num_sizes)[0]
+                                       num_sizes=args.num_sizes,
+                                       step_range=tuple(args.steps) if args.steps else None)[0]
         path.write_text(json.dumps(row, indent=2) + "\n")
         rows.append(row)
     for r in rows:
@@ -265,15 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="step sizes per solver (default 8; tsit5 12, dopri8 16)")
     sweep.set_defaults(run=_sweep)
 
-    demo = sub.add_parser(
-        "demo", help="integrate a small random SVFlow and show Euler converging to it",
-        description=_demo.__doc__ or "Integrate a small random SVFlow.",
-    )
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--dim", type=int, default=16, help="dimension d (default 16)")
-    demo.add_argument("--tokens", type=int, default=8, help="number of tokens n (default 8)")
-    demo.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    demo.set_defaults(run=_demo)
     return parser
 
 
@@ -284,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         args.tokens, args.dim, args.layers, args.repeats = 4, 8, 4, 1
     if getattr(args, "dim", 2) < 2:
         parser.error("--dim must be >= 2 (the sphere S^(d-1) needs d >= 2)")
+    if getattr(args, "steps", None) and not 1 <= args.steps[0] < args.steps[1]:
+        parser.error("--steps FIRST LAST needs 1 <= FIRST < LAST")
     for name in ("tokens", "layers", "repeats", "num_sizes"):
-        if getattr(args, name, 1) < 1:
+        if (getattr(args, name, 1) or 1) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if getattr(args, "t1", 1.0) <= 0 or getattr(args, "strength", 1.0) <= 0:
         parser.error("--t1 and --strength must be positive")

@@ -145,7 +145,9 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     return names
 
 
-def _mark(passed: bool) -> str:
+def _mark(passed: bool | None) -> str:
+    if passed is None:  # float32: too few points above round-off to fit an order
+        return "UNRESOLVED (float32 round-off)"
     return "PASS" if passed else "FAIL"
 
 

@@ -40,6 +40,13 @@ from . import flow, sphere
 from .solvers import RK4, CrouchGrossman3, GeodesicEuler, Retracted, RetractedEuler, solve
 
 FIT_FLOOR = 1e-11
+# In float32 the states themselves carry ~1e-7 of round-off per step: fit above 1e-4.
+FIT_FLOOR_FLOAT32 = 1e-4
+
+
+def fit_floor(dtype) -> float:
+    """Smallest error that enters an order fit, for states of ``dtype``."""
+    return FIT_FLOOR if jnp.dtype(dtype) == jnp.float64 else FIT_FLOOR_FLOAT32
 FIT_CEILING = 1e-1
 MIN_STEPS_IN_FIT = 8
 REFERENCE_TOLERANCE = 1e-12
@@ -227,8 +234,13 @@ def final_error(y: jax.Array, reference: jax.Array) -> float:
 
 
 def reference_solution(problem: Problem, tolerance: float = REFERENCE_TOLERANCE) -> jax.Array:
-    """``Retracted(Dopri8())`` with ``PIDController(rtol=atol=tolerance)``."""
-    sol = solve(problem.field, problem.x0, 0.0, problem.t1, solver=Retracted(diffrax.Dopri8()),
+    """``Retracted(Dopri8())`` with ``PIDController(rtol=atol=tolerance)``, always in float64
+    (the fields cast their parameters to the state's dtype), so float32 runs are measured
+    against an accurate reference. Needs ``jax_enable_x64``."""
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError("the reference solve runs in float64: enable jax_enable_x64 first")
+    x0 = sphere.retract(problem.x0.astype(jnp.float64))  # float32 rows: renormalise in f64
+    sol = solve(problem.field, x0, 0.0, problem.t1, solver=Retracted(diffrax.Dopri8()),
                 stepsize_controller=diffrax.PIDController(rtol=tolerance, atol=tolerance),
                 max_steps=100_000)
     return sol.ys[-1]
@@ -264,16 +276,17 @@ def _fixed_step_runner(problem: Problem, solver: diffrax.AbstractSolver, max_ste
 def convergence_sweep(
     problem: Problem, names: Iterable[str], reference: jax.Array, repeats: int = 3,
     progress: Callable[[str], None] | None = None, num_sizes: int | None = None,
-    scale_steps: float = 1.0,
+    scale_steps: float = 1.0, step_range: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Error, evaluations and wall time against step size, per solver; fitted order.
 
-    ``num_sizes`` overrides :data:`NUM_SIZES`; ``scale_steps`` multiplies every step count.
+    ``num_sizes`` overrides :data:`NUM_SIZES`, ``step_range`` (first, last number of steps)
+    overrides :data:`STEP_RANGES`; ``scale_steps`` multiplies every step count.
     """
     rows = []
     for name in names:
         spec = SOLVERS[name]
-        first, last = STEP_RANGES[name]
+        first, last = step_range or STEP_RANGES[name]
         counts = step_counts(max(1, round(first * scale_steps)),
                              max(2, round(last * scale_steps)),
                              num_sizes or NUM_SIZES.get(name, 8))
@@ -291,15 +304,23 @@ def convergence_sweep(
                 "norm_drift": float(sphere.norm_drift(y)),
             })
         fit = fit_order([p["step_size"] for p in points], [p["error"] for p in points],
-                        max_step=problem.t1 / MIN_STEPS_IN_FIT)
+                        floor=fit_floor(problem.dtype), max_step=problem.t1 / MIN_STEPS_IN_FIT)
         for p, used in zip(points, fit.pop("fit_mask"), strict=True):
             p["in_fit"] = bool(used)
+        # Fewer than 3 points in the asymptotic window: the order is not measurable here. In
+        # float64 that is a failure of the sweep; in float32 it is round-off (reported as
+        # unresolved, passed = None), since a high-order error drops below ~1e-5 within a few
+        # steps.
+        resolved = fit["fit_points"] >= 3
+        float64 = jnp.dtype(problem.dtype) == jnp.float64
         rows.append({
             "solver": name,
             "description": spec.description,
             "expected_order": spec.expected_order,
             **fit,
-            "passed": order_passes(name, fit["fitted_order"], spec.expected_order),
+            "resolved": resolved,
+            "passed": (order_passes(name, fit["fitted_order"], spec.expected_order)
+                       if resolved or float64 else None),
             "max_norm_drift": max(p["norm_drift"] for p in points),
             "points": points,
         })
@@ -382,7 +403,7 @@ def prenorm_vs_postnorm(
                      "prenorm_error": final_error(pre(dt0), reference)})
     steps = [r["step_size"] for r in rows]
     post_fit = fit_order(steps, [r["postnorm_error"] for r in rows],
-                         max_step=problem.t1 / MIN_STEPS_IN_FIT)
+                         floor=fit_floor(problem.dtype), max_step=problem.t1 / MIN_STEPS_IN_FIT)
     pre_fit = fit_order(steps, [r["prenorm_error"] for r in rows], ceiling=math.inf)
     return {
         "radii": [float(r) for r in radii.ravel()],
