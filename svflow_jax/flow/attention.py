@@ -107,9 +107,11 @@ def attention_posterior(
     params: AttentionParams, x: Float[Array, "... n d"], causal: bool = False
 ) -> Float[Array, "... H n n"]:
     """``q[..., h, i, j] = q(j | x_i, h)``, the vMF-kernel posterior over context positions."""
-    a = jnp.einsum("...nd,dhk->...hnk", x, params.kernel_query)
+    # kappa_h scales the query embedding (n H k products) rather than the kernel (H n^2).
+    kappa = params.concentration[:, None, None]
+    a = kappa * jnp.einsum("...nd,dhk->...hnk", x, params.kernel_query)
     b = jnp.einsum("...nd,dhk->...hnk", x, params.kernel_key)
-    log_kernel = params.concentration[:, None, None] * jnp.einsum("...hik,...hjk->...hij", a, b)
+    log_kernel = jnp.einsum("...hik,...hjk->...hij", a, b)
     if causal:
         n = x.shape[-2]
         # Mask by a large negative finite number, not -inf: the diagonal is always in context,
