@@ -58,7 +58,7 @@ from .flow import (
     SumField,
 )
 from .solvers import AbstractSphereSolver, LieTrotter, RetractedEuler, Strang, solve
-from .transformer import Transformer, TransformerConfig, layer_params
+from .transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
 
 __all__ = [
     "LayerFlow",
@@ -287,12 +287,17 @@ def discrepancy(
     Returns ``max_abs_diff`` (over layers, tokens, coordinates, in the Transformer's units) and
     ``per_layer`` (the same maximum for each layer).
     """
-    config = model.config
-    states = transformer_states(model, x)
-    flow = to_flow(config, layer_params(model))
-    ys = flow_states(flow, config, states[0], solver)
-    per_layer = jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
+    per_layer = _layer_gaps(model.config, layer_params(model), outer_norm_params(model),
+                            jnp.asarray(x), solver)
     return {"max_abs_diff": float(per_layer.max()), "per_layer": [float(v) for v in per_layer]}
+
+
+@eqx.filter_jit
+def _layer_gaps(config, params, outer, x, solver):
+    """Both sides in one compiled program (one compilation per configuration)."""
+    states = transformer_states(Transformer.from_layer_params(config, params, outer), x)
+    ys = flow_states(to_flow(config, params), config, states[0], solver)
+    return jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
 
 
 def ellipsoid_residual(x: Float[Array, "... d"], gain: Float[Array, " d"]) -> Float[Array, "..."]:
