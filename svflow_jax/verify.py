@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import flow, sphere
+from . import fitting, flow, sphere
 from .solvers import RK4, CrouchGrossman3, GeodesicEuler, Retracted, RetractedEuler, solve
 
 FIT_FLOOR = 1e-11
@@ -178,12 +178,6 @@ def step_counts(first: int, last: int, num: int = 8) -> list[int]:
 # Fitting
 # ---------------------------------------------------------------------------------------------
 
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values).
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
 def fit_order(
     steps: Iterable[float], errors: Iterable[float], floor: float = FIT_FLOOR,
     ceiling: float = FIT_CEILING, max_step: float = math.inf,
@@ -197,20 +191,13 @@ def fit_order(
     h, e = np.asarray(list(steps), float), np.asarray(list(errors), float)
     mask = np.isfinite(e) & (e >= floor) & (e <= ceiling) & (h <= max_step * (1 + 1e-12))
     k = int(mask.sum())
-    if k < 2:
-        return {"fitted_order": math.nan, "order_ci": [math.nan, math.nan], "fit_points": k,
-                "fit_mask": mask.tolist()}
-    x, y = np.log(h[mask]), np.log(e[mask])
-    slope, intercept = np.polyfit(x, y, 1)
-    if k == 2:
-        return {"fitted_order": float(slope), "order_ci": [-math.inf, math.inf],
-                "fit_points": k, "fit_mask": mask.tolist()}
-    residual = y - (slope * x + intercept)
-    se = math.sqrt(float(residual @ residual) / (k - 2) / float(((x - x.mean()) ** 2).sum()))
-    t = _T975[min(k - 2, len(_T975)) - 1]
-    return {"fitted_order": float(slope), "order_ci": [float(slope - t * se),
-                                                       float(slope + t * se)],
-            "fit_points": k, "fit_mask": mask.tolist()}
+    if k < 3:  # no slope with an interval
+        slope = float(np.polyfit(np.log(h[mask]), np.log(e[mask]), 1)[0]) if k == 2 else math.nan
+        return {"fitted_order": slope, "order_ci": [-math.inf, math.inf] if k == 2 else
+                [math.nan, math.nan], "fit_points": k, "fit_mask": mask.tolist()}
+    fit = fitting.fit_order(h[mask], e[mask])
+    return {"fitted_order": fit.slope, "order_ci": [fit.low, fit.high], "fit_points": k,
+            "fit_mask": mask.tolist()}
 
 
 def order_passes(name: str, fitted: float, expected: int) -> bool:
