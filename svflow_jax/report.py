@@ -52,6 +52,16 @@ def write_tables(out: Path, summary: dict[str, Any]) -> list[str]:
     return names
 
 
+def _save(fig, path: Path) -> str:
+    """Lay out, write and close a figure; returns its file name."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     """Convergence, work-precision, drift and pre/post-norm figures; returns their names."""
     import matplotlib
@@ -83,10 +93,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     ax.set_title("Convergence on S^{d-1} (dotted: theoretical slope)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "convergence.png", dpi=110)
-    plt.close(fig)
-    names.append("convergence.png")
+    names.append(_save(fig, out / "convergence.png"))
 
     # Work-precision: error against field evaluations and wall time.
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -103,10 +110,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("Work-precision: which layer design buys accuracy cheapest")
-    fig.tight_layout()
-    fig.savefig(out / "work_precision.png", dpi=110)
-    plt.close(fig)
-    names.append("work_precision.png")
+    names.append(_save(fig, out / "work_precision.png"))
 
     # Drift off the sphere without retraction.
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -121,10 +125,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     ax.set_title("Drift off the sphere without retraction")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "drift.png", dpi=110)
-    plt.close(fig)
-    names.append("drift.png")
+    names.append(_save(fig, out / "drift.png"))
 
     # Pre-norm against post-norm.
     pp = summary["prenorm_vs_postnorm"]
@@ -138,10 +139,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     ax.set_title("Against the spherical flow: post-norm converges, pre-norm runs on its clocks")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "prenorm_vs_postnorm.png", dpi=110)
-    plt.close(fig)
-    names.append("prenorm_vs_postnorm.png")
+    names.append(_save(fig, out / "prenorm_vs_postnorm.png"))
     return names
 
 
