@@ -35,10 +35,14 @@
 # | `CrouchGrossman3` | three stages, each a product of plane rotations | 3 | 3 |
 # | `RKMK4` | Runge-Kutta-Munthe-Kaas: RK4 in the Lie algebra $\mathfrak{so}(d)$ | 4 | 4 |
 #
-# (Stage times $t + c_i h$ read the weights $\theta(t + c_i h)$: with separate weights per layer
-# this needs a continuous $\theta(t)$, so here the weights are a smooth function of time.)
-# We check one layer by hand, measure every order, compare accuracy per unit of work, and then
-# build new layers from our own solvers in a few lines.
+# (Stage times $t + c_i h$ read the weights $\theta(t + c_i h)$ of a continuous $\theta(t)$. With
+# separate weights per layer, every stage of a step inside layer $l$ reads $\theta_l$, also the
+# stage at $c = 1$, so steps aligned with the layers keep the solver's order; here the weights
+# are a smooth function of time, so that any step size shows the full order.)
+# The solvers, their orders, costs and descriptions come from the registry
+# `solvers.SOLVERS`, the list that `svflow verify` sweeps. We check one layer by hand, measure
+# every order, compare accuracy per unit of work, and then build new layers from our own
+# solvers in a few lines.
 
 # %%
 # ruff: noqa: E402
@@ -172,26 +176,28 @@ def sweep(solver, counts, retracted=True, repeats=3):
 
 
 counts = [2, 4, 8, 16, 32, 64, 128, 256, 512]
-designs = {  # name: (solver, expected order, field evaluations per step)
-    "Euler (post-norm layer)": (solvers.RetractedEuler(), 1, 1),
-    "geodesic Euler": (solvers.GeodesicEuler(), 1, 1),
-    "Heun": (solvers.Retracted(diffrax.Heun()), 2, 2),
-    "midpoint": (solvers.Retracted(diffrax.Midpoint()), 2, 2),
-    "Crouch-Grossman 3": (solvers.CrouchGrossman3(), 3, 3),
-    "RK4": (solvers.Retracted(solvers.RK4()), 4, 4),
-    "RKMK4 (Lie group)": (solvers.RKMK4(), 4, 4),
-    "Tsit5": (solvers.Retracted(diffrax.Tsit5()), 5, 6),
+# Every registered solver but Dopri8, whose error reaches the reference's within a few of these
+# step sizes (svflow verify sweeps it on its own, denser grid).
+names = [name for name in solvers.SOLVERS if name != "dopri8"]
+designs = {  # name: (solver, expected order, field evaluations per step), from the registry
+    name: (spec.make(), spec.expected_order, spec.evaluations_per_step)
+    for name, spec in solvers.SOLVERS.items() if name in names
 }
 results = {}
-for name, (solver, expected, _) in designs.items():
+for name, (solver, expected, evals) in designs.items():
     results[name] = sweep(solver, counts)
     results[name]["order"] = fit_order(results[name]["h"], results[name]["error"])
-    print(f"{name:24s} expected {expected}, fitted {results[name]['order']:.2f}, "
-          f"max | |x| - 1 | = {results[name]['drift'].max():.1e}")
+    print(f"{name:17s} expected {expected}, fitted {results[name]['order']:.2f}, "
+          f"{evals:2d} evaluations/step, max | |x| - 1 | = {results[name]['drift'].max():.1e}"
+          f"  ({solvers.SOLVERS[name].description})")
 
-# The same Heun and RK4 without the retraction: plain diffrax in R^d
-unretracted = {"Heun, no Norm": sweep(diffrax.Heun(), counts, retracted=False, repeats=1),
-               "RK4, no Norm": sweep(solvers.RK4(), counts, retracted=False, repeats=1)}
+# The same Heun and RK4 without the retraction: plain diffrax in R^d (the registry's
+# unretracted forms)
+unretracted = {
+    f"{name}, no Norm": sweep(solvers.SOLVERS[name].unretracted(), counts, retracted=False,
+                              repeats=1)
+    for name in ("heun", "rk4")
+}
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
@@ -225,7 +231,7 @@ for name, (_, _, evals) in designs.items():
 fig, ax = plt.subplots(figsize=(7, 4))
 for name, r in unretracted.items():
     ax.loglog(r["h"], r["drift"], "o-", label=name)
-for name in ("Heun", "RK4", "Crouch-Grossman 3"):
+for name in ("heun", "rk4", "crouch-grossman3"):
     ax.loglog(results[name]["h"], np.maximum(results[name]["drift"], 1e-17), "s--",
               label=f"{name} (on the sphere)")
 ax.set(xlabel="step h", ylabel="max | |x| - 1 | at t = 1", ylim=(1e-17, 1),
@@ -256,15 +262,19 @@ plt.show()
 # $b = (\frac16, \frac23, \frac16)$, as a `diffrax.AbstractERK` subclass (the embedded
 # midpoint rule $\hat b = (0, 1, 0)$ supplies `b_error`), wrapped in `Retracted`.
 #
-# **3. A solver from scratch.** Subclass `diffrax.AbstractSolver` and write the step: here
-# Ralston again, as a layer
+# **3. A solver from scratch.** Subclass `solvers.AbstractSphereSolver` (a one-field solver that
+# stays on the sphere: no solver state, a retracted chord as dense output) and write the step:
+# here Ralston again, as a layer
 #
 # $$k_1 = v_t(x), \quad \tilde x = R\big(x + \tfrac23 h k_1\big), \quad
 #   k_2 = v_{t + 2h/3}(\tilde x), \quad
 #   x \leftarrow R\big(x + h(\tfrac14 k_1 + \tfrac34 k_2)\big),$$
 #
 # in Transformer words: `z = Norm(x + 2/3 h F(x)); x = Norm(x + h (F(x)/4 + 3 F'(z)/4))`, with
-# `F'` the block at the weights of time $t + 2h/3$.
+# `F'` the block at the weights of time $t + 2h/3$. The step first calls `solvers.within_step`:
+# with per-layer weights every stage then reads the weights of the layer the step covers (here,
+# with a smooth $\theta(t)$, it changes nothing). `solvers.solve` accepts the solver because
+# it subclasses `AbstractSphereSolver`; it refuses solvers that leave the sphere.
 
 # %%
 class Kutta3(diffrax.AbstractERK):
@@ -282,28 +292,20 @@ class Kutta3(diffrax.AbstractERK):
         return 3
 
 
-class RetractedRalston(diffrax.AbstractSolver):
+class RetractedRalston(solvers.AbstractSphereSolver):
     """Ralston's method on the sphere, written out: two field evaluations, two retractions."""
-
-    term_structure: ClassVar = diffrax.AbstractTerm
-    interpolation_cls: ClassVar = solvers.RetractedLinearInterpolation  # a retracted chord
 
     def order(self, terms):
         return 2
 
-    def init(self, terms, t0, t1, y0, args):
-        return None
-
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        terms, _ = solvers.within_step(terms, t0, t1)  # the weights of this step's layer
         h = t1 - t0
         k1 = terms.vf(t0, y0, args)
         stage = sphere.retract(y0 + (2 / 3) * h * k1)
         k2 = terms.vf(t0 + (2 / 3) * h, stage, args)
         y1 = sphere.retract(y0 + h * (k1 / 4 + 3 * k2 / 4))
         return y1, None, dict(y0=y0, y1=y1), None, diffrax.RESULTS.successful
-
-    def func(self, terms, t0, y0, args):
-        return terms.vf(t0, y0, args)
 
 
 custom = {  # name: (solver, expected order, field evaluations per step)
@@ -328,7 +330,7 @@ print(f"max |RetractedRalston - Retracted(Ralston())| over the sweep: {ralston_m
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for (name, r), marker in zip(custom_results.items(), "os^", strict=True):
     ax.loglog(r["h"], r["error"], marker + "-", label=f"{name}: {r['order']:.2f}")
-ax.loglog(results["Heun"]["h"], results["Heun"]["error"], "k:", label="Heun, for comparison")
+ax.loglog(results["heun"]["h"], results["heun"]["error"], "k:", label="heun, for comparison")
 ax.set(xlabel="step h", ylabel="error at t = 1", title="new layers, measured orders")
 ax.legend(fontsize=8)
 fig.tight_layout()
@@ -347,5 +349,7 @@ for name, (_, expected, _) in {**designs, **custom}.items():
         assert abs(r["order"] - expected) <= 0.2, (name, r["order"])
     assert r["drift"].max() <= 1e-12, (name, r["drift"].max())
 assert ralston_match <= 1e-13
+assert solvers.stays_on_sphere(RetractedRalston())
+assert all(solvers.count_evaluations(solver) == evals for solver, _, evals in designs.values())
 assert all(r["drift"].max() > 1e-10 for r in unretracted.values())  # off the sphere
 print("all checks passed")

@@ -15,6 +15,7 @@ evaluations, and both the order test and the drift test read them.
 from __future__ import annotations
 
 import functools
+from typing import ClassVar
 
 import diffrax
 import jax
@@ -23,7 +24,11 @@ import numpy as np
 import pytest
 import scipy.linalg
 from fields_for_tests import (
+    PathField,
+    WithoutStepRestriction,
     attention_field,
+    layer_anchors,
+    layer_field,
     linear_field,
     make_params,
     rotation_field,
@@ -32,9 +37,18 @@ from fields_for_tests import (
 )
 
 from svflow_jax import sphere
+from svflow_jax.fitting import fit_order
+from svflow_jax.flow.paths import (
+    ChebyshevInterpolation,
+    Constant,
+    LinearInterpolation,
+    PiecewiseConstant,
+)
 from svflow_jax.solvers import (
     RK4,
     RKMK4,
+    AbstractCrouchGrossman,
+    AbstractSphereSolver,
     CrouchGrossman3,
     GeodesicEuler,
     LieTrotter,
@@ -42,7 +56,11 @@ from svflow_jax.solvers import (
     RetractedEuler,
     SolveError,
     Strang,
+    VariableStepRetractedEuler,
+    count_evaluations,
     solve,
+    stays_on_sphere,
+    within_step,
 )
 
 N_TOKENS, D = 4, 6
@@ -627,3 +645,423 @@ def test_solver_properties():
         Retracted(diffrax.Tsit5()).interpolation_cls,
     )
     assert a == b and hash(a) == hash(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-layer weights: every stage of a step reads the weights of the layer the step covers
+# ---------------------------------------------------------------------------------------------
+
+PW_LAYERS = 4
+PW_H = (T1 - T0) / PW_LAYERS
+# scale 0.6: the flow moves ~0.4 rad over [0, 1]; RK4's errors with k = 1..8 steps per layer
+# lie in 3e-5 .. 6e-9, in the asymptotic regime and far above the reference's ~1e-13.
+PW_ANCHORS = layer_anchors(jax.random.PRNGKey(11), PW_LAYERS, D, scale=0.6)
+PW_ANCHORS_B = layer_anchors(jax.random.PRNGKey(12), PW_LAYERS, D, scale=0.6)
+
+
+def _layer(anchors, l):
+    return jax.tree_util.tree_map(lambda a: a[l], anchors)
+
+
+def _chain(field_fn, thetas, y0):
+    """The exact ODE of a stack: on ``[t_l, t_{l+1}]`` the autonomous field
+    ``field_fn(theta_l, x)``. Each layer solved on its own by ``Retracted(Dopri8())`` at
+    ``rtol = atol = 1e-12`` (one compilation: weights and times are traced), then chained."""
+
+    @jax.jit
+    def piece(theta, y, ta, tb):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, x, th: field_fn(th, x)), Retracted(diffrax.Dopri8()),
+            ta, tb, None, y, args=theta,
+            stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12), max_steps=1000,
+        )
+        return sol.ys[-1], sol.result
+
+    y = y0
+    for l, theta in enumerate(thetas):
+        y, result = piece(theta, y, T0 + l * PW_H, T0 + (l + 1) * PW_H)
+        assert result == diffrax.RESULTS.successful
+    return y
+
+
+@functools.cache
+def piecewise_reference():
+    return _chain(layer_field, [_layer(PW_ANCHORS, l) for l in range(PW_LAYERS)], Y0)
+
+
+def test_piecewise_reference_matches_closed_form():
+    """The chained reference, on per-layer rotations ``x' = S_l x``, against the closed form
+    ``x(T) = x0 expm(h S_0)^T ... expm(h S_{L-1})^T``."""
+    skews = [skew(jax.random.PRNGKey(20 + l), D, scale=2.0) for l in range(PW_LAYERS)]
+    got = _chain(lambda s, x: x @ s.T, skews, Y0)
+    exact = np.asarray(Y0)
+    for s in skews:
+        exact = exact @ scipy.linalg.expm(PW_H * np.asarray(s)).T
+    assert float(jnp.max(sphere.geodesic_distance(got, jnp.asarray(exact)))) < 1e-12
+    # and the field's reference moves: orders are measured on a non-trivial trajectory
+    assert 0.2 < float(jnp.max(sphere.geodesic_distance(piecewise_reference(), Y0))) < 2.0
+
+
+def _piecewise_errors(solver, path_cls, steps_per_layer):
+    """Final errors of fixed steps aligned with the layers (``k`` steps per layer), one
+    compilation for every ``k``."""
+    term = diffrax.ODETerm(PathField(path_cls(PW_ANCHORS, PW_H)))
+
+    @jax.jit
+    @jax.vmap
+    def run(dt0):
+        sol = diffrax.diffeqsolve(term, solver, T0, T1, dt0, Y0,
+                                  max_steps=PW_LAYERS * max(steps_per_layer) + 2)
+        return sol.ys[-1], sol.result._value
+
+    ys, results = run(PW_H / jnp.asarray(steps_per_layer, dtype=jnp.float64))
+    assert np.all(np.asarray(results) == 0)
+    reference = piecewise_reference()
+    errors = np.array([float(jnp.max(sphere.geodesic_distance(y, reference))) for y in ys])
+    return PW_H / np.asarray(steps_per_layer, dtype=float), errors
+
+
+@pytest.mark.parametrize(
+    "solver", [Retracted(RK4()), RKMK4()], ids=["Retracted(RK4)", "RKMK4"]
+)
+def test_per_layer_weights_keep_order_4_with_aligned_steps(solver):
+    """Steps aligned with the layers (k = 1, 2, 4, 8 per layer): order 4 when every stage reads
+    the step's layer, order 1 when the stage at c = 1 reads the next layer (the path without
+    ``within_step``)."""
+    counts = (1, 2, 4, 8)
+    h, fixed = _piecewise_errors(solver, PiecewiseConstant, counts)
+    _, unfixed = _piecewise_errors(solver, WithoutStepRestriction, counts)
+    fit_fixed, fit_unfixed = fit_order(h, fixed), fit_order(h, unfixed)
+    print(f"fixed: order {fit_fixed}, errors {fixed}; without: order {fit_unfixed}, {unfixed}")
+    assert fixed.min() > 1e-10, fixed  # far above the reference's accuracy
+    assert abs(fit_fixed.slope - 4) <= 0.15, fit_fixed
+    assert abs(fit_unfixed.slope - 1) <= 0.15, fit_unfixed
+    assert np.all(unfixed > 100 * fixed), (fixed, unfixed)
+
+
+def test_fsal_solver_keeps_its_order_on_per_layer_weights():
+    """Tsit5 (FSAL): the cached last stage of a step was read with that step's layer, so the
+    next step must re-evaluate its first stage (made_jump). Order >= 5 with the fix (as on a
+    smooth field, see CASES), about 1 without."""
+    solver = Retracted(diffrax.Tsit5())
+    counts = (1, 2, 3, 4)
+    h, fixed = _piecewise_errors(solver, PiecewiseConstant, counts)
+    _, unfixed = _piecewise_errors(solver, WithoutStepRestriction, counts)
+    fit_fixed, fit_unfixed = fit_order(h, fixed), fit_order(h, unfixed)
+    print(f"fixed: order {fit_fixed}, errors {fixed}; without: order {fit_unfixed}, {unfixed}")
+    assert fixed.min() > 1e-11, fixed
+    assert fit_fixed.slope >= 4.8, fit_fixed
+    assert fit_unfixed.slope <= 1.3, fit_unfixed
+
+
+def _count_solve_evaluations(path, solver, num_steps):
+    """Field evaluations of a whole fixed-step solve, counted at run time."""
+    calls = []
+
+    class Counting(PathField):
+        def __call__(self, t, x, args):
+            jax.debug.callback(lambda: calls.append(1))
+            return super().__call__(t, x, args)
+
+    solve(Counting(path), Y0, T0, T1, solver=solver, num_steps=num_steps)
+    jax.effects_barrier()
+    return len(calls)
+
+
+def test_fsal_costs_one_more_evaluation_per_step_on_per_layer_weights():
+    steps = 8
+    for solver, extra in [(Retracted(diffrax.Tsit5()), steps - 1), (Retracted(RK4()), steps - 1),
+                          (Retracted(diffrax.Heun()), 0), (RKMK4(), 0)]:
+        smooth = _count_solve_evaluations(Constant(_layer(PW_ANCHORS, 0)), solver, steps)
+        layered = _count_solve_evaluations(PiecewiseConstant(PW_ANCHORS, PW_H), solver, steps)
+        assert layered - smooth == extra, (solver, smooth, layered)
+
+
+# One aligned step over layer 1, [t_1, t_2]: on per-layer weights it equals the same step on the
+# constant weights theta_1, for every solver. Without the fix the solvers with a stage at c = 1
+# read theta_2 there and differ.
+STAGE_AT_END = {"Retracted(Heun)", "Retracted(RK4)", "Retracted(Tsit5)", "RKMK4",
+                "Strang(Retracted(Heun))", "LieTrotter(Retracted(RK4))"}
+ONE_STEP_SOLVERS = {
+    "RetractedEuler": RetractedEuler(),
+    "GeodesicEuler": GeodesicEuler(),
+    "VariableStepRetractedEuler": VariableStepRetractedEuler(),
+    "Retracted(Heun)": Retracted(diffrax.Heun()),
+    "Retracted(RK4)": Retracted(RK4()),
+    "Retracted(Tsit5)": Retracted(diffrax.Tsit5()),
+    "CrouchGrossman3": CrouchGrossman3(),
+    "RKMK4": RKMK4(),
+    "Strang(Retracted(Heun))": Strang(Retracted(diffrax.Heun())),
+    "LieTrotter(Retracted(RK4))": LieTrotter(Retracted(RK4())),
+}
+
+
+def _aligned_step(solver, path_cls):
+    split = isinstance(solver, (Strang, LieTrotter))
+
+    def term(anchors):
+        return diffrax.ODETerm(PathField(path_cls(anchors)))
+
+    terms = diffrax.MultiTerm(term(PW_ANCHORS), term(PW_ANCHORS_B)) if split else term(PW_ANCHORS)
+    t0, t1 = T0 + PW_H, T0 + 2 * PW_H
+    state = solver.init(terms, t0, t1, Y0, None)
+    return solver.step(terms, t0, t1, Y0, None, state, False)[0]
+
+
+@pytest.mark.parametrize("name", list(ONE_STEP_SOLVERS))
+def test_aligned_step_reads_the_weights_of_its_layer(name):
+    solver = ONE_STEP_SOLVERS[name]
+    own_layer = _aligned_step(solver, lambda a: Constant(_layer(a, 1)))
+    per_layer = _aligned_step(solver, lambda a: PiecewiseConstant(a, PW_H))
+    without = _aligned_step(solver, lambda a: WithoutStepRestriction(a, PW_H))
+    np.testing.assert_allclose(per_layer, own_layer, rtol=0, atol=1e-15)
+    gap = float(jnp.max(jnp.abs(without - own_layer)))
+    if name in STAGE_AT_END:
+        assert gap > 1e-3, gap
+    else:  # Euler-type steps read t0 only; Crouch-Grossman 3 has c = (0, 3/4, 17/24)
+        assert gap <= 1e-15, gap
+
+
+def test_within_step_helper():
+    anchors = _layer(PW_ANCHORS, slice(0, 3))
+    smooth_paths = [
+        Constant(_layer(PW_ANCHORS, 0)),
+        LinearInterpolation(anchors, PW_H),
+        ChebyshevInterpolation(anchors, T0, T1),
+    ]
+    for path in smooth_paths:
+        terms = diffrax.ODETerm(PathField(path))
+        restricted, changed = within_step(terms, 0.25, 0.5)
+        assert changed is False
+        assert restricted.vector_field.path is path  # the identity, not a copy
+    # Per-layer weights: restricted, also nested in a MultiTerm, and under jit.
+    layered = PathField(PiecewiseConstant(PW_ANCHORS, PW_H))
+    terms = diffrax.MultiTerm(diffrax.ODETerm(linear_field), diffrax.ODETerm(layered))
+    restricted, changed = within_step(terms, 0.25, 0.5)
+    assert changed is True
+    field = restricted.terms[1].vector_field
+    np.testing.assert_array_equal(field.path(0.5)["A"], PW_ANCHORS["A"][1])  # not layer 2
+    assert restricted.terms[0].vector_field is linear_field
+
+    @jax.jit
+    def value_at_end(t0, t1):
+        restricted, changed = within_step(diffrax.ODETerm(layered), t0, t1)
+        assert changed  # static
+        return restricted.vector_field.path(t1)["A"]
+
+    np.testing.assert_array_equal(value_at_end(0.5, 0.75), PW_ANCHORS["A"][2])
+    # A field hidden in a closure is not seen (documented): nothing to restrict.
+    _, changed = within_step(diffrax.ODETerm(lambda t, y, args: layered(t, y, args)), 0.25, 0.5)
+    assert changed is False
+
+
+def test_piecewise_within_step_values():
+    path = PiecewiseConstant({"w": jnp.arange(4.0)}, PW_H)
+    eps = float(jnp.finfo(jnp.float64).eps)
+    for l in range(PW_LAYERS):
+        # ends a few ulps off the grid, as a solver computes them
+        t0, t1 = l * PW_H * (1 - 3 * eps), (l + 1) * PW_H * (1 + 3 * eps)
+        restricted = path.within_step(t0, t1)
+        for t in np.linspace(t0, t1, 7):
+            assert float(restricted(t)["w"]) == l
+    # Sub-steps inside a layer (Strang's halves) read that layer too.
+    assert float(path.within_step(0.625, 0.75)(0.75)["w"]) == 2
+    # A step that straddles a boundary reads the path at each time: an adaptive controller's
+    # error estimate still sees the jump.
+    straddling = path.within_step(0.2, 0.3)
+    assert [float(straddling(t)["w"]) for t in (0.2, 0.26, 0.3)] == [0.0, 1.0, 1.0]
+    # Beyond the grid (clamped like the path itself).
+    assert float(path.within_step(1.0, 1.25)(1.25)["w"]) == 3
+    assert float(path.within_step(-0.25, 0.0)(0.0)["w"]) == 0
+
+
+def test_smooth_paths_are_read_as_before():
+    """A smooth path is not restricted: solving with the path visible to the solver or hidden
+    in a closure gives the same numbers (no extra FSAL evaluation either)."""
+    path = ChebyshevInterpolation(_layer(PW_ANCHORS, slice(0, 3)), T0, T1)
+    solver = Retracted(diffrax.Tsit5())
+    seen = solve(PathField(path), Y0, T0, T1, solver=solver, num_steps=6).ys[-1]
+    hidden = solve(lambda t, x, args: layer_field(path(t), x), Y0, T0, T1, solver=solver,
+                   num_steps=6).ys[-1]
+    np.testing.assert_allclose(seen, hidden, rtol=0, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# solve: solvers that leave the sphere, fields a solver cannot take
+# ---------------------------------------------------------------------------------------------
+
+
+class _OwnSolver(diffrax.AbstractSolver):
+    """A solver written from scratch (not an AbstractSphereSolver): retracted Euler."""
+
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = diffrax.LocalLinearInterpolation
+    stays_on_sphere: ClassVar[bool] = True
+
+    def order(self, terms):
+        return 1
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1 = sphere.retract(y0 + terms.vf_prod(t0, y0, args, terms.contr(t0, t1)))
+        return y1, None, dict(y0=y0, y1=y1), None, diffrax.RESULTS.successful
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+
+class _OffSphereSphereSolver(AbstractSphereSolver):
+    """An AbstractSphereSolver subclass that declares it leaves the sphere."""
+
+    stays_on_sphere: ClassVar[bool] = False
+
+    def order(self, terms):
+        return 1
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1 = y0 + terms.vf_prod(t0, y0, args, terms.contr(t0, t1))
+        return y1, None, dict(y0=y0, y1=y1), None, diffrax.RESULTS.successful
+
+
+def test_stays_on_sphere():
+    on = [RetractedEuler(), GeodesicEuler(), VariableStepRetractedEuler(), CrouchGrossman3(),
+          RKMK4(), Retracted(diffrax.Heun()), Retracted(RK4()), LieTrotter(RetractedEuler()),
+          Strang(Retracted(diffrax.Heun())), _OwnSolver()]
+    off = [diffrax.Heun(), diffrax.Tsit5(), RK4(), LieTrotter(diffrax.Euler()),
+           Strang(diffrax.Heun()), _OffSphereSphereSolver()]
+    assert all(stays_on_sphere(s) for s in on)
+    assert not any(stays_on_sphere(s) for s in off)
+
+
+def test_solve_refuses_solvers_that_leave_the_sphere():
+    kwargs = dict(num_steps=8, args=PARAMS)
+    with pytest.raises(ValueError, match=r"wrap it as Retracted\(diffrax\.Heun\(\)\)") as info:
+        solve(total_field, Y0, T0, T1, solver=diffrax.Heun(), **kwargs)
+    assert "off_sphere=True" in str(info.value) and "~h^p" in str(info.value)
+    with pytest.raises(ValueError, match=r"LieTrotter\(Retracted\(diffrax\.Euler\(\)\)\)"):
+        solve((attention_field, linear_field), Y0, T0, T1, solver=LieTrotter(diffrax.Euler()),
+              **kwargs)
+    with pytest.raises(ValueError, match="does not stay on the sphere"):
+        solve(total_field, Y0, T0, T1, solver=_OffSphereSphereSolver(), **kwargs)
+    # Asked for: the ambient solve runs, and leaves the sphere by ~h^2 per step.
+    y = solve(total_field, Y0, T0, T1, solver=diffrax.Heun(), off_sphere=True, **kwargs).ys[-1]
+    assert 1e-8 < float(sphere.norm_drift(y)) < 1e-1
+    # A solver of one's own with stays_on_sphere = True is accepted, and is retracted Euler.
+    own = solve(total_field, Y0, T0, T1, solver=_OwnSolver(), **kwargs).ys[-1]
+    ref = solve(total_field, Y0, T0, T1, solver=RetractedEuler(), **kwargs).ys[-1]
+    np.testing.assert_allclose(own, ref, atol=1e-15)
+    with pytest.raises(ValueError, match="off_sphere must be a bool"):
+        solve(total_field, Y0, T0, T1, solver=RetractedEuler(), off_sphere="yes", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "solver, name",
+    [(RetractedEuler(), "RetractedEuler()"), (Retracted(diffrax.Heun()),
+                                               "Retracted(diffrax.Heun())"),
+     (_OwnSolver(), "_OwnSolver()")],
+    ids=["RetractedEuler", "Retracted(Heun)", "own solver"],
+)
+def test_solve_rejects_two_fields_for_a_single_field_solver(solver, name):
+    """A sequential block's (attention, ffn) given to a one-field solver: a ValueError that
+    names the solver and the splittings (before: a TypeError about a tuple)."""
+    with pytest.raises(ValueError) as info:
+        solve((attention_field, linear_field), Y0, T0, T1, solver=solver, num_steps=4,
+              args=PARAMS)
+    message = str(info.value)
+    assert f"{name} takes one field, but got 2" in message
+    assert f"LieTrotter({name})" in message and f"Strang({name})" in message
+    assert "parallel block" in message
+
+
+def test_solve_rejects_one_field_for_a_splitting():
+    with pytest.raises(ValueError, match=r"takes a tuple \(field_a, field_b\)") as info:
+        solve(total_field, Y0, T0, T1, solver=Strang(RetractedEuler()), num_steps=4,
+              args=PARAMS)
+    assert "RetractedEuler() directly" in str(info.value)
+    with pytest.raises(ValueError, match="exactly two fields, got 3"):
+        solve((attention_field, linear_field, total_field), Y0, T0, T1,
+              solver=LieTrotter(RetractedEuler()), num_steps=4, args=PARAMS)
+    with pytest.raises(ValueError, match="needs at least two"):
+        solve((total_field,), Y0, T0, T1, solver=RetractedEuler(), num_steps=4, args=PARAMS)
+
+
+# ---------------------------------------------------------------------------------------------
+# A Crouch-Grossman method of one's own: a subclass with a tableau
+# ---------------------------------------------------------------------------------------------
+
+
+class _CrouchGrossman2(AbstractCrouchGrossman):
+    """The Crouch-Grossman analogue of Heun: c = (0, 1), a21 = 1, b = (1/2, 1/2)."""
+
+    a_lower: ClassVar = ((1.0,),)
+    b: ClassVar = (0.5, 0.5)
+    c: ClassVar = (0.0, 1.0)
+    method_order: ClassVar[int] = 2
+
+
+class _SameAsCrouchGrossman3(AbstractCrouchGrossman):
+    a_lower: ClassVar = ((3 / 4,), (119 / 216, 17 / 108))
+    b: ClassVar = (13 / 51, -2 / 3, 24 / 17)
+    c: ClassVar = (0.0, 3 / 4, 17 / 24)
+    method_order: ClassVar[int] = 3
+
+
+def test_own_crouch_grossman_tableau():
+    # The order conditions up to 2 are the classical ones: sum b = 1, sum b c = 1/2.
+    steps = (16, 32, 64, 128)
+    target = np.asarray(reference().ys[0][-1])
+    errors = [
+        float(jnp.max(sphere.geodesic_distance(
+            solve(TERM, Y0, T0, T1, solver=_CrouchGrossman2(), num_steps=n, args=PARAMS).ys[-1],
+            target)))
+        for n in steps
+    ]
+    fit = fit_order(1.0 / np.asarray(steps), errors)
+    assert abs(fit.slope - 2) <= 0.15, (fit, errors)
+    # CrouchGrossman3's tableau in a subclass of one's own gives the same step
+    np.testing.assert_array_equal(_one_step(_SameAsCrouchGrossman3(), TERM, 0.1),
+                                  _one_step(CrouchGrossman3(), TERM, 0.1))
+    assert _CrouchGrossman2().order(TERM) == 2
+    assert count_evaluations(_CrouchGrossman2()) == 2
+
+
+def test_crouch_grossman_tableau_is_checked():
+    with pytest.raises(TypeError, match="sum to 1"):
+        class _BadWeights(AbstractCrouchGrossman):
+            a_lower: ClassVar = ((1.0,),)
+            b: ClassVar = (0.5, 0.6)
+            c: ClassVar = (0.0, 1.0)
+            method_order: ClassVar[int] = 2
+    with pytest.raises(TypeError, match="row sum"):
+        class _BadTimes(AbstractCrouchGrossman):
+            a_lower: ClassVar = ((1.0,),)
+            b: ClassVar = (0.5, 0.5)
+            c: ClassVar = (0.0, 0.5)
+            method_order: ClassVar[int] = 2
+    with pytest.raises(TypeError, match="entries"):
+        class _BadShape(AbstractCrouchGrossman):
+            a_lower: ClassVar = ((0.5, 0.5),)
+            b: ClassVar = (0.5, 0.5)
+            c: ClassVar = (0.0, 1.0)
+            method_order: ClassVar[int] = 2
+
+
+def test_variable_step_retracted_euler_is_the_standard_post_norm_layer():
+    """``R(y + h u)`` with an unprojected branch ``u`` (radial part y.u != 0), while
+    ``1 + h y.u > 0``; an error once the step crosses the origin."""
+    h = 0.1
+
+    def unprojected(t, x, args):  # tangent part plus a radial part of either sign
+        return total_field(t, x, args) + jnp.asarray([1.5, -2.0, 0.7, 3.0])[:, None] * x
+
+    u = unprojected(0.3, Y0, PARAMS)
+    expected = _normalise(Y0 + h * u)
+    got = _one_step(VariableStepRetractedEuler(), diffrax.ODETerm(unprojected), h)
+    np.testing.assert_allclose(got, expected, atol=1e-15)
+    # 1 + h y.u <= 0 for the row with radial part -2 / h: the layer is no step on the sphere
+    with pytest.raises(Exception, match="crossed the origin"):
+        jax.block_until_ready(_one_step(
+            VariableStepRetractedEuler(),
+            diffrax.ODETerm(lambda t, x, a: unprojected(t, x, a) - (1 / h) * x), 2 * h))

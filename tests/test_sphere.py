@@ -116,3 +116,72 @@ def test_float32_paths():
 def test_bad_dimension():
     with pytest.raises(ValueError, match="d >= 2"):
         sphere.uniform(jax.random.PRNGKey(0), (3,), 1)
+
+
+# --------------------------------------------------------------------------------------------
+# What counts as a unit vector: one definition, used by the solvers and by vmf
+# --------------------------------------------------------------------------------------------
+
+
+def test_unit_tolerance_closed_form():
+    # 32 sqrt(d) eps, with eps = 2^-52 (float64) and 2^-23 (float32)
+    assert sphere.unit_tolerance(jnp.float64, 64) == 32 * 8 * 2.0**-52
+    assert sphere.unit_tolerance(jnp.float32, 4) == 32 * 2 * 2.0**-23
+    np.testing.assert_allclose(sphere.unit_tolerance(jnp.float32, 768), 1.0571e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="positive"):
+        sphere.unit_tolerance(jnp.float64, 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_normalised_vectors_are_on_the_sphere(dtype):
+    for d in (2, 3, 64, 768, 4096):
+        x = _points(d, (50,), d, dtype)
+        assert not bool(jnp.any(sphere.off_sphere(x))), d
+        # large raw vectors normalised, and a few rotations of them
+        big = sphere.retract(1e3 * jax.random.normal(jax.random.PRNGKey(d), (50, d), dtype))
+        rotated = sphere.plane_rotation(x, _tangent(d + 1, x), big)
+        assert not bool(jnp.any(sphere.off_sphere(rotated))), d
+    # float64 points cast to float32
+    x64 = _points(3, (50,), 768)
+    assert not bool(jnp.any(sphere.off_sphere(x64.astype(jnp.float32))))
+
+
+def test_off_sphere_flags_rows():
+    d = 16
+    x = _points(4, (5,), d)
+    tol = sphere.unit_tolerance(x.dtype, d)
+    scaled = x * jnp.asarray([1.0, 1 + 0.5 * tol, 1 - 0.5 * tol, 1 + 2 * tol, 1 - 2 * tol])[:, None]
+    np.testing.assert_array_equal(sphere.off_sphere(scaled), [False, False, False, True, True])
+    assert sphere.off_sphere(scaled).shape == (5,)
+    # the RMSNorm sphere, NaN, inf and zero rows are off the sphere
+    bad = jnp.stack([np.sqrt(d) * x[0], x[1].at[0].set(jnp.nan), x[2].at[0].set(jnp.inf),
+                     jnp.zeros(d)])
+    assert bool(jnp.all(sphere.off_sphere(bad)))
+    # an explicit tolerance
+    assert not bool(sphere.off_sphere(1.01 * x[0], tol=0.02))
+    with pytest.raises(ValueError, match="floating-point"):
+        sphere.off_sphere(jnp.ones((2, 3), jnp.int32))
+    with pytest.raises(ValueError, match="scalar"):
+        sphere.off_sphere(jnp.asarray(1.0))
+
+
+def test_solve_and_vmf_share_the_definition():
+    """A state just inside the tolerance is accepted by both, just outside refused by both."""
+    from svflow_jax import vmf
+    from svflow_jax.solvers import RetractedEuler, solve
+
+    d = 5
+    x = _points(5, (3,), d)
+    mu = _points(6, (), d)
+    tol = sphere.unit_tolerance(x.dtype, d)
+
+    def zero(t, y, args):
+        return jnp.zeros_like(y)
+
+    inside, outside = (1 + 0.5 * tol) * x, (1 + 2 * tol) * x
+    assert jnp.all(jnp.isfinite(vmf.logpdf(inside, mu, 2.0)))
+    solve(zero, inside, 0.0, 1.0, solver=RetractedEuler(), num_steps=1)
+    with pytest.raises(ValueError, match="unit sphere"):
+        vmf.logpdf(outside, mu, 2.0)
+    with pytest.raises(ValueError, match="unit vectors"):
+        solve(zero, outside, 0.0, 1.0, solver=RetractedEuler(), num_steps=1)

@@ -13,6 +13,12 @@ of *continuous* time those weights come from decides what the ODE is:
 A path maps a time to a parameter *pytree* (for example an
 :class:`~svflow_jax.flow.attention.AttentionParams`), so any field can take any schedule.
 Anchors are stored stacked: every array leaf has a leading axis of length ``L``.
+
+Which weights a solver step reads is the path's decision too (:meth:`ParameterPath.within_step`,
+called by the sphere solvers at the start of every step): a continuous path is read at each
+stage time; a :class:`PiecewiseConstant` path gives every stage of a step inside layer ``l`` the
+weights ``theta_l``, so a stage at the end of the step does not read the next layer and steps
+aligned with the layers keep the solver's order.
 """
 
 from __future__ import annotations
@@ -54,11 +60,28 @@ def _index(stacked: PyTree, i) -> PyTree:
 
 
 class ParameterPath(eqx.Module):
-    """``t -> theta(t)``."""
+    """``t -> theta(t)``.
+
+    Besides ``__call__``, a path says which weights a solver step reads, through
+    :meth:`within_step` (the sphere solvers call it on every node of their terms that has it).
+    """
 
     @abc.abstractmethod
     def __call__(self, t: Real[Array, ""]) -> PyTree:
         """The parameters at time ``t``."""
+
+    def within_step(self, t0: Real[Array, ""], t1: Real[Array, ""]) -> ParameterPath:
+        """The path that the stages of a solver step over ``[t0, t1]`` read.
+
+        By default the path itself (the identity, returned as ``self``): a continuous
+        ``theta(t)`` is read at each stage time ``t0 + c_i h``. :class:`PiecewiseConstant`
+        overrides it so that every stage of a step inside a layer reads *that* layer's
+        weights, also a stage at ``c = 1``, i.e. at the next layer's start time. The solvers of
+        :mod:`svflow_jax.solvers` call it at the start of every step (see
+        :func:`svflow_jax.solvers.within_step`); ``t0``, ``t1`` may be traced.
+        """
+        del t0, t1
+        return self
 
 
 class Constant(ParameterPath):
@@ -108,9 +131,59 @@ class PiecewiseConstant(_LayerGrid):
 
     def __call__(self, t):
         position = self._position(t)
-        slack = 256 * jnp.finfo(position.dtype).eps * jnp.maximum(1.0, jnp.abs(position))
-        index = jnp.clip(jnp.floor(position + slack).astype(jnp.int32), 0, self.num_layers - 1)
+        index = jnp.clip(jnp.floor(position + _slack(position)).astype(jnp.int32), 0,
+                         self.num_layers - 1)
         return _index(self.anchors, index)
+
+    def within_step(self, t0, t1) -> ParameterPath:
+        """``theta_l`` for every stage of a step over ``[t0, t1]`` inside layer ``l``.
+
+        ``l`` is the layer that contains the step's midpoint ``(t0 + t1) / 2`` (clamped to
+        ``0..L-1``). Right-continuity puts a Runge-Kutta stage at ``c = 1`` of the step
+        ``[t_l, t_{l+1}]`` (Heun, RK4, Tsit5, Dopri, RKMK4) on layer ``l + 1``: one ``O(h)``
+        local error per layer boundary, so every such method would be first order on per-layer
+        weights. Reading ``theta_l`` at every stage instead integrates exactly the ODE of the
+        stack, ``theta = theta_l`` on ``[t_l, t_{l+1}]``, and keeps the solver's order when the
+        steps are aligned with the layer grid (any number of steps per layer).
+
+        When the step lies inside layer ``l`` (its ends within the ulp slack of
+        :meth:`__call__` of ``[t_l, t_{l+1}]``; the first and last layers extend to
+        ``-inf`` / ``+inf`` like the clamping), the result equals ``Constant(theta_l)``. A
+        step that straddles a layer boundary (unaligned fixed steps, or an adaptive
+        controller's trial step) reads the path itself, as it would without this method: its
+        stages then see the jump, so an adaptive controller's error estimate still notices it
+        and shrinks the step (or use ``PIDController(jump_ts=layer times)``).
+        """
+        p0, p1 = self._position(t0), self._position(t1)
+        mid = 0.5 * (p0 + p1)
+        layers = self.num_layers
+        index = jnp.clip(jnp.floor(mid).astype(jnp.int32), 0, layers - 1)
+        lower = index.astype(mid.dtype)
+        inside = ((index == 0) | (p0 >= lower - _slack(p0))) & (
+            (index == layers - 1) | (p1 <= lower + 1 + _slack(p1))
+        )
+        return _LayerOfStep(self, index, inside)
+
+
+def _slack(position):
+    """A few hundred ulps of a layer position: ``t_l`` computed as ``t0 + l h`` by a solver can
+    land that far from the exact grid point."""
+    return 256 * jnp.finfo(position.dtype).eps * jnp.maximum(1.0, jnp.abs(position))
+
+
+class _LayerOfStep(ParameterPath):
+    """:meth:`PiecewiseConstant.within_step`: ``theta_index`` where ``inside``, else the path."""
+
+    path: PiecewiseConstant
+    index: Array
+    inside: Array
+
+    def __call__(self, t):
+        own = _index(self.path.anchors, self.index)
+        at_t = self.path(t)
+        return jax.tree.map(
+            lambda a, b: jnp.where(self.inside, a, b) if eqx.is_array(a) else a, own, at_t
+        )
 
 
 class LinearInterpolation(_LayerGrid):

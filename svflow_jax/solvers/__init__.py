@@ -1,0 +1,89 @@
+"""Diffrax solvers that stay on the sphere.
+
+A Transformer layer ``x <- R(x + h v_t(x))`` (``R(y) = y / |y|``) is one step of the retracted
+forward-Euler method for the ODE ``dx/dt = v_t(x)`` on ``S^{d-1}`` (SVFLOW.md sections 5, 6).
+This package provides that step and its higher-order relatives as real
+:class:`diffrax.AbstractSolver` subclasses, so they work with :func:`diffrax.diffeqsolve`,
+every :class:`diffrax.SaveAt`, step-size controllers and
+:class:`diffrax.RecursiveCheckpointAdjoint`.
+
+The state is an array of shape ``(..., n, d)`` whose rows (tokens) are unit vectors (any PyTree
+of such arrays works for the retraction-based solvers). A vector field ``v(t, X, args)``
+returns, per row, a vector tangent at that row.
+
+Solvers (global order on a smooth field in brackets), one family per module:
+
+* :mod:`.euler`: :class:`RetractedEuler` ``y1 = R(y0 + h f(t0, y0))``: the Transformer layer
+  [1]; :class:`GeodesicEuler` ``y1 = exp_{y0}(h f(t0, y0))``: Euler along great circles [1];
+  :class:`VariableStepRetractedEuler`: the standard post-norm layer ``R(y + h u)`` with an
+  unprojected branch, a retracted Euler step with ``h' = h / (1 + h y.u)`` [1].
+* :mod:`.runge_kutta`: :class:`Retracted` wraps ANY diffrax solver (Heun [2], Midpoint [2],
+  :class:`RK4` [4], Tsit5 [5], Dopri5 [5], Dopri8 [8], ...) keeping its order, its error
+  estimate (adaptive stepping) and its dense output, all retracted onto the sphere.
+* :mod:`.lie_group`: :class:`CrouchGrossman3` [3]: each stage freezes the so(d) generator of
+  every token and acts on the sphere by rotations (write another Crouch-Grossman method by
+  subclassing :class:`AbstractCrouchGrossman` with its tableau); :class:`RKMK4` [4]:
+  Runge-Kutta-Munthe-Kaas with the classical RK4 tableau (dense ``d x d`` matrix exponentials:
+  a reference method for small ``d``).
+* :mod:`.splitting`: :class:`LieTrotter`, :class:`Strang`: splittings of a
+  :class:`diffrax.MultiTerm` of two fields (attention block then FFN block; Macaron block) with
+  any single-step sphere solver as sub-step.
+* :mod:`._interpolation`: dense output on the sphere; :mod:`.base`:
+  :class:`AbstractSphereSolver` (subclass it to write a layer design) and :func:`within_step`.
+
+Per-layer weights: every solver reads its terms through :func:`within_step`, so all stages of a
+step inside layer ``l`` read that layer's weights ``theta_l`` (a stage at ``c = 1`` would
+otherwise read layer ``l + 1``, making every method first order); steps aligned with the layers
+keep the method's order.
+
+:func:`solve` (:mod:`.solve`) wraps :func:`diffrax.diffeqsolve` with input validation
+(a solver that leaves the sphere, fields the solver cannot take, a state off the sphere, ...)
+and an error (never a silently wrong state) when the solve fails, e.g. by running out of
+``max_steps``. :mod:`.registry` names the solvers (:data:`SOLVERS`, :func:`get_solver`) for
+``svflow verify``, ``svflow sweep`` and the notebooks.
+
+Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
+the discrete steps themselves. :class:`diffrax.BacksolveAdjoint` solves the continuous adjoint
+ODE backwards in the ambient space and does not know about the retraction: its gradients are
+not those of the retracted discretisation, so :func:`solve` refuses it.
+"""
+
+from ._interpolation import (
+    GeodesicInterpolation,
+    RetractedInterpolation,
+    RetractedLinearInterpolation,
+)
+from .base import AbstractSphereSolver, within_step
+from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
+from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
+from .registry import SOLVERS, SolverSpec, count_evaluations, get_solver, register
+from .runge_kutta import RK4, Retracted
+from .solve import SolveError, solve, stays_on_sphere
+from .splitting import AbstractSplitting, LieTrotter, Strang
+
+__all__ = [
+    "AbstractSphereSolver",
+    "RetractedEuler",
+    "GeodesicEuler",
+    "VariableStepRetractedEuler",
+    "Retracted",
+    "RK4",
+    "AbstractCrouchGrossman",
+    "CrouchGrossman3",
+    "RKMK4",
+    "AbstractSplitting",
+    "LieTrotter",
+    "Strang",
+    "RetractedLinearInterpolation",
+    "GeodesicInterpolation",
+    "RetractedInterpolation",
+    "within_step",
+    "SolveError",
+    "solve",
+    "stays_on_sphere",
+    "SolverSpec",
+    "SOLVERS",
+    "register",
+    "get_solver",
+    "count_evaluations",
+]

@@ -1,0 +1,356 @@
+"""``solve``: :func:`diffrax.diffeqsolve` on the sphere, with its inputs checked.
+
+The problem is ``dy/dt = v(t, y, args)`` for ``t`` in ``[t0, t1]``, with ``y(t0) = y0`` a state
+of unit rows (``| |y0_i| - 1 | <= sphere.unit_tolerance(dtype, d)``) and ``v`` tangent
+(``y_i . v_i = 0``), so that the exact flow stays on ``(S^{d-1})^n``. :func:`solve` refuses what
+would give a wrong answer without saying so:
+
+* a solver whose steps leave the sphere (a bare ``diffrax.Heun()`` drifts off by ``~h^p``),
+  unless asked for with ``off_sphere=True`` (:func:`stays_on_sphere` says which do not);
+* a solver given fields it cannot take: two fields (a sequential or Macaron block) for a
+  single-field solver, one field for a splitting;
+* a state off the sphere, NaN, inconsistent step options, :class:`diffrax.BacksolveAdjoint`;
+* a solve that stops before ``t1`` (``max_steps``, step-size control) or returns NaN: it raises
+  :class:`SolveError` (a runtime error under ``jit``) instead of returning a wrong state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, get_origin
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from diffrax import RESULTS, AbstractSolver, AbstractTerm, AbstractWrappedSolver, MultiTerm, ODETerm
+from jaxtyping import ArrayLike, Float, PyTree
+
+from svflow_jax import sphere
+
+from .splitting import AbstractSplitting
+
+__all__ = ["SolveError", "solve", "stays_on_sphere"]
+
+
+class SolveError(RuntimeError):
+    """A solve that did not reach ``t1``, or produced NaN: its state would be wrong."""
+
+
+_MAX_STEPS_MSG = (
+    "svflow_jax.solvers.solve: the solver hit max_steps={} before reaching t1; the state "
+    "would be wrong. Increase max_steps, use a larger dt0, or loosen the step-size "
+    "controller's tolerances."
+)
+_NAN_MSG = (
+    "svflow_jax.solvers.solve: the solution contains NaN; the vector field (or its parameters) "
+    "produced NaN/inf along the way."
+)
+_FAILED_MSG = (
+    "svflow_jax.solvers.solve: the solve failed before reaching t1 (diffrax result: {}); the "
+    "state would be wrong. Check the vector field for NaN/inf and the step-size controller."
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The solver: does it stay on the sphere, can it take the terms?
+# ---------------------------------------------------------------------------------------------
+
+
+def stays_on_sphere(solver: AbstractSolver) -> bool:
+    """Whether every step of ``solver`` maps the sphere to itself (what :func:`solve` requires
+    unless ``off_sphere=True``).
+
+    True for an :class:`AbstractSphereSolver` (Euler-type, Lie-group methods, ...), for
+    ``Retracted(...)``, and for any solver whose class has a truthy class attribute
+    ``stays_on_sphere``: a solver of your own written from scratch (subclassing
+    :class:`diffrax.AbstractSolver` directly) declares it with
+    ``stays_on_sphere: ClassVar[bool] = True``. A splitting (:class:`LieTrotter`,
+    :class:`Strang`) stays on the sphere iff its sub-step does. Bare diffrax solvers do not:
+    ``diffrax.Heun()`` leaves the sphere by ``~h^p`` per step.
+    """
+    if isinstance(solver, AbstractSplitting):
+        return bool(getattr(type(solver), "stays_on_sphere", False)) and stays_on_sphere(
+            solver.substep
+        )
+    return bool(getattr(type(solver), "stays_on_sphere", False))
+
+
+def _name(solver: Any) -> str:
+    """``Retracted(diffrax.Heun())``, ``LieTrotter(RetractedEuler())``, ...: for messages."""
+    cls = type(solver)
+    prefix = "diffrax." if cls.__module__.split(".")[0] == "diffrax" else ""
+    if isinstance(solver, AbstractSplitting):
+        return f"{cls.__name__}({_name(solver.substep)})"
+    if isinstance(solver, AbstractWrappedSolver) and isinstance(
+        getattr(solver, "solver", None), AbstractSolver
+    ):
+        return f"{prefix}{cls.__name__}({_name(solver.solver)})"
+    return f"{prefix}{cls.__name__}()"
+
+
+def _off_sphere_message(solver: AbstractSolver) -> str:
+    name = _name(solver)
+    if isinstance(solver, AbstractSplitting):
+        inner = solver.substep
+        while isinstance(inner, AbstractSplitting):
+            inner = inner.substep
+        fix = f"wrap its sub-step: {type(solver).__name__}(Retracted({_name(inner)}))"
+    else:
+        fix = f"wrap it as Retracted({name})"
+    return (
+        f"svflow_jax.solvers.solve: {name} does not stay on the sphere: its steps leave "
+        "S^(d-1) (|y| drifts by ~h^p per step of a p-th order method) and nothing brings them "
+        f"back. To solve on the sphere, {fix} (stages read on the sphere, output retracted, "
+        "same order and error estimate), or pass off_sphere=True to integrate in R^d on "
+        "purpose. A solver of your own whose steps map the sphere to itself subclasses "
+        "svflow_jax.solvers.AbstractSphereSolver or sets the class attribute "
+        "stays_on_sphere = True."
+    )
+
+
+def _takes_multiterm(solver: AbstractSolver) -> bool:
+    """Whether the solver's ``term_structure`` is a :class:`diffrax.MultiTerm` (splittings,
+    IMEX solvers) rather than one term."""
+    structure = solver.term_structure
+    origin = get_origin(structure) or structure
+    return isinstance(origin, type) and issubclass(origin, MultiTerm)
+
+
+def _check_terms_fit(solver: AbstractSolver, terms: PyTree[AbstractTerm]) -> None:
+    """A clear ``ValueError`` when ``solver`` cannot take ``terms`` (instead of a TypeError
+    about a tuple deep inside the step)."""
+    name = _name(solver)
+    two = isinstance(terms, MultiTerm)
+    if two and not _takes_multiterm(solver):
+        raise ValueError(
+            f"svflow_jax.solvers.solve: {name} takes one field, but got {len(terms.terms)} "
+            "(a tuple of fields or a diffrax.MultiTerm, e.g. the (attention, ffn) of a "
+            "sequential or Macaron block). Split the block: "
+            f"LieTrotter({name}) (sequential: attention, then FFN) or Strang({name}) (Macaron: "
+            "half FFN, attention, half FFN); or use a parallel block, one field that sums the "
+            "branches (e.g. flow.SumField(attention, ffn))."
+        )
+    if isinstance(solver, AbstractSplitting):
+        if not two:
+            raise ValueError(
+                f"svflow_jax.solvers.solve: {name} splits a block of two fields and takes a "
+                "tuple (field_a, field_b) (a diffrax.MultiTerm of two terms), but got one "
+                f"field. For one field use the sub-step {_name(solver.substep)} directly."
+            )
+        if len(terms.terms) != 2:
+            raise ValueError(
+                f"svflow_jax.solvers.solve: {name} splits exactly two fields, got "
+                f"{len(terms.terms)}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_concrete(x) -> bool:
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jtu.tree_leaves(x))
+
+
+def _check(x: PyTree, bad, message: str) -> PyTree:
+    """Raise ``ValueError(message)`` if ``bad``; under tracing, a runtime error instead."""
+    if _is_concrete(bad):
+        if bool(bad):
+            raise ValueError(message)
+        return x
+    return eqx.error_if(x, bad, message)
+
+
+def _as_terms(field) -> PyTree[AbstractTerm]:
+    if isinstance(field, AbstractTerm):
+        return field
+    if isinstance(field, (tuple, list)):
+        if len(field) < 2:
+            raise ValueError(
+                f"a tuple of fields is a block of several fields (e.g. (attention, ffn)) and "
+                f"needs at least two, got {len(field)}; pass a single field by itself"
+            )
+        return MultiTerm(*(_as_terms(f) for f in field))
+    if callable(field):
+        return ODETerm(field)
+    raise ValueError(
+        "field must be a callable v(t, y, args), a diffrax term, or a tuple of them (for the "
+        f"splitting solvers), got {type(field).__name__}"
+    )
+
+
+def _is_subsaveat(x) -> bool:
+    return isinstance(x, diffrax.SubSaveAt)
+
+
+# ---------------------------------------------------------------------------------------------
+# solve
+# ---------------------------------------------------------------------------------------------
+
+
+def solve(
+    field: Callable[..., Any] | AbstractTerm | tuple,
+    y0: Float[ArrayLike, "*batch n d"],
+    t0: float | Float[ArrayLike, ""],
+    t1: float | Float[ArrayLike, ""],
+    *,
+    solver: AbstractSolver,
+    dt0: float | Float[ArrayLike, ""] | None = None,
+    num_steps: int | None = None,
+    saveat: diffrax.SaveAt | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    max_steps: int = 4096,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    args: PyTree = None,
+    off_sphere: bool = False,
+) -> diffrax.Solution:
+    """Solve ``dy/dt = field(t, y, args)`` on the sphere from ``t0`` to ``t1 > t0``.
+
+    A checked :func:`diffrax.diffeqsolve`:
+
+    * ``field``: a callable ``v(t, y, args)`` (wrapped in :class:`diffrax.ODETerm`), a diffrax
+      term, or a tuple of two or more of those (a :class:`diffrax.MultiTerm`, for
+      :class:`LieTrotter` and :class:`Strang`). A single-field solver given a tuple, or a
+      splitting given one field, raises ``ValueError`` saying what to use instead.
+    * ``solver``: must stay on the sphere (:func:`stays_on_sphere`): an
+      :class:`AbstractSphereSolver`, ``Retracted(any diffrax solver)``, a splitting of such
+      sub-steps, or a class with ``stays_on_sphere = True``. A bare diffrax solver
+      (``diffrax.Heun()``) leaves the sphere by ``~h^p`` and is refused unless
+      ``off_sphere=True`` (integrate in ``R^d`` on purpose, e.g. to measure that drift).
+    * ``y0``: floating array of shape ``(..., n, d)``, ``d >= 2``, finite, rows of unit norm
+      (to :func:`svflow_jax.sphere.unit_tolerance`, ``32 sqrt(d) eps`` of its dtype).
+    * Steps: exactly one of ``dt0 > 0`` (first/constant step), ``num_steps`` (that many equal
+      steps, ``diffrax.StepTo``: a depth-``num_steps`` Transformer; ``max_steps`` is then set
+      to ``num_steps``), or an adaptive ``stepsize_controller`` with ``dt0=None``.
+    * Times (``t0``, ``t1``, ``dt0``, ``SaveAt(ts=...)``) are cast to ``y0``'s dtype, so a
+      float32 state stays float32 even under ``jax_enable_x64`` with Python-float times.
+    * ``adjoint`` defaults to :class:`diffrax.RecursiveCheckpointAdjoint`;
+      :class:`diffrax.BacksolveAdjoint` is refused (it ignores the retraction).
+    * ``saveat`` defaults to ``SaveAt(t1=True)``.
+
+    Never returns a wrong state silently: if the solve hits ``max_steps`` or fails, it raises
+    :class:`SolveError`, or, under ``jit``/``vmap``, a runtime error carrying the same message
+    (via :func:`equinox.error_if`). Invalid inputs raise ``ValueError`` (runtime errors for
+    value checks on traced inputs).
+    """
+    if not isinstance(solver, AbstractSolver):
+        raise ValueError(f"solver must be a diffrax.AbstractSolver, got {type(solver).__name__}")
+    if not isinstance(off_sphere, bool):
+        raise ValueError(f"off_sphere must be a bool, got {type(off_sphere).__name__}")
+    terms = _as_terms(field)
+    _check_terms_fit(solver, terms)
+    if not off_sphere and not stays_on_sphere(solver):
+        raise ValueError(_off_sphere_message(solver))
+
+    # --- the state -------------------------------------------------------------------------
+    y0 = jnp.asarray(y0)
+    if not jnp.issubdtype(y0.dtype, jnp.floating):
+        raise ValueError(f"y0 must be a floating-point array, got dtype {y0.dtype}")
+    if y0.ndim < 1 or y0.shape[-1] < 2:
+        raise ValueError(
+            f"y0 must have shape (..., n, d) with d >= 2 (points of S^(d-1)), got {y0.shape}"
+        )
+    dtype, d = y0.dtype, y0.shape[-1]
+    y0 = _check(y0, ~jnp.all(jnp.isfinite(y0)), "y0 contains NaN or inf")
+    tol = sphere.unit_tolerance(dtype, d)
+    y0 = _check(
+        y0,
+        jnp.any(sphere.off_sphere(y0, tol)),
+        f"the rows of y0 must be unit vectors (| |y0_i| - 1 | <= {tol:.1e} in {dtype}); "
+        "normalise them first, e.g. with svflow_jax.sphere.retract",
+    )
+
+    # --- times, in the state's dtype --------------------------------------------------------
+    t0 = jnp.asarray(t0, dtype=dtype)
+    t1 = jnp.asarray(t1, dtype=dtype)
+    if t0.ndim != 0 or t1.ndim != 0:
+        raise ValueError("t0 and t1 must be scalars")
+    y0 = _check(y0, ~(t1 > t0), "t1 must be greater than t0 (and both finite)")
+
+    if num_steps is not None:
+        if dt0 is not None or stepsize_controller is not None:
+            raise ValueError("give either num_steps or (dt0 and/or stepsize_controller), not both")
+        if int(num_steps) < 1:
+            raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
+        num_steps = int(num_steps)
+        stepsize_controller = diffrax.StepTo(ts=jnp.linspace(t0, t1, num_steps + 1))
+        max_steps = num_steps
+    else:
+        if stepsize_controller is None:
+            stepsize_controller = diffrax.ConstantStepSize()
+        if dt0 is None and isinstance(stepsize_controller, diffrax.ConstantStepSize):
+            raise ValueError(
+                "no step size: give dt0 > 0, num_steps, or an adaptive stepsize_controller"
+            )
+        if dt0 is not None:
+            dt0 = jnp.asarray(dt0, dtype=dtype)
+            if dt0.ndim != 0:
+                raise ValueError("dt0 must be a scalar")
+            y0 = _check(y0, ~(dt0 > 0), "dt0 must be positive (and finite)")
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
+
+    if saveat is None:
+        saveat = diffrax.SaveAt(t1=True)
+    saveat = eqx.tree_at(
+        lambda s: [
+            sub.ts for sub in jtu.tree_leaves(s.subs, is_leaf=_is_subsaveat) if sub.ts is not None
+        ],
+        saveat,
+        replace_fn=lambda ts: jnp.asarray(ts, dtype=dtype),
+    )
+
+    if adjoint is None:
+        adjoint = diffrax.RecursiveCheckpointAdjoint()
+    if isinstance(adjoint, diffrax.BacksolveAdjoint):
+        raise ValueError(
+            "BacksolveAdjoint solves the continuous adjoint in the ambient space and ignores the "
+            "retraction; use diffrax.RecursiveCheckpointAdjoint (the default)"
+        )
+
+    sol = diffrax.diffeqsolve(
+        terms,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        args=args,
+        saveat=saveat,
+        stepsize_controller=stepsize_controller,
+        adjoint=adjoint,
+        max_steps=int(max_steps),
+        throw=False,
+    )
+    return _raise_if_failed(sol, int(max_steps))
+
+
+def _raise_if_failed(sol: diffrax.Solution, max_steps: int) -> diffrax.Solution:
+    """Raise unless the solve succeeded and its saved values are NaN-free (eagerly, or at run
+    time under tracing).
+
+    diffrax pads unused output slots with ``inf``, never NaN, so a NaN in ``sol.ys`` means the
+    field produced one (fixed-step solvers do not notice it themselves).
+    """
+    result = sol.result
+    leaves = [x for x in jtu.tree_leaves(sol.ys) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    has_nan = jnp.any(jnp.stack([jnp.any(jnp.isnan(x)) for x in leaves])) if leaves else False
+    max_steps_msg = _MAX_STEPS_MSG.format(max_steps)
+    if _is_concrete((result, has_nan)):
+        if result == RESULTS.max_steps_reached:
+            raise SolveError(max_steps_msg)
+        if result != RESULTS.successful:
+            raise SolveError(_FAILED_MSG.format(RESULTS[result]))
+        if bool(has_nan):
+            raise SolveError(_NAN_MSG)
+        return sol
+    failed = result != RESULTS.successful
+    other_failure = failed & (result != RESULTS.max_steps_reached)
+    # Under vmap the largest index over the batch picks the message, so members that do not
+    # raise get the lowest index (0, shared with max_steps) and never mask a failure.
+    index = jnp.where(other_failure, 2, jnp.where(has_nan, 1, 0))
+    msgs = [max_steps_msg, _NAN_MSG, _FAILED_MSG.format("see diffrax.RESULTS")]
+    return eqx.branched_error_if(sol, failed | has_nan, index, msgs)
