@@ -215,7 +215,7 @@ mass_error = float(np.max(np.abs(mass - 1)))
 log_c3_error = float(np.max(np.abs(np.asarray(log_c3) - closed_form) / np.abs(closed_form)))
 
 a3 = vmf.mean_resultant_length(kappas, 3)
-cos_mu = samples @ mu  # (4, 20000) values of mu^T x
+cos_mu = samples @ mu  # (4, 10000) values of mu^T x
 sampled_a3 = jnp.mean(cos_mu, axis=1)
 sigmas = jnp.abs(sampled_a3 - a3) / (jnp.std(cos_mu, axis=1) / math.sqrt(cos_mu.shape[1]))
 _, fitted_kappa = vmf.fit(samples)
@@ -365,9 +365,20 @@ plt.show()
 #
 # * $\log C_d(0) - \log C_d(\kappa) = \log \mathbb{E}_{\text{uniform}}[e^{\kappa\mu^\top x}]$ is
 #   the cumulant generating function of $\mu^\top x$ under the uniform law: $\approx
-#   \kappa^2/(2d)$ for small $\kappa$ (the variance of $\mu^\top x$ is $1/d$), $\approx \kappa$
-#   for large $\kappa$. And $\log C_d(0) = -\log|S^{d-1}|$ is large and *positive* for large $d$
-#   (the unit sphere of $\mathbb{R}^{4096}$ has a tiny area).
+#   \kappa^2/(2d)$ for small $\kappa$ (the variance of $\mu^\top x$ is $1/d$), and $\kappa$ minus
+#   a logarithm for large $\kappa$. From $\log I_\nu(\kappa) = \kappa - \tfrac12\log(2\pi\kappa)
+#   - \frac{4\nu^2 - 1}{8\kappa} + O(\kappa^{-2})$ (Hankel's expansion, $\nu = d/2 - 1$ fixed),
+#
+#   $$\log C_d(\kappa) = -\kappa + \frac{d-1}{2}\log\frac{\kappa}{2\pi}
+#     + \frac{(d-1)(d-3)}{8\kappa} + O(\kappa^{-2}), \qquad \kappa \gg d^2:$$
+#
+#   $\log C_d$ falls like $-\kappa$, but the $\frac{d-1}{2}\log\kappa$ term pulls it back up
+#   (the density's peak $C_d(\kappa) e^{\kappa}$ grows like $\kappa^{(d-1)/2}$, a Gaussian of
+#   variance $1/\kappa$ in $d - 1$ tangent directions), so the left-hand curves approach the line
+#   $\kappa$ only relatively, at a distance $\frac{d-1}{2}\log\kappa$ + const. The expansion needs
+#   $\kappa \gg d^2$: for $d = 4096$ not even $\kappa = 10^6$ is asymptotic. We check it below.
+#   And $\log C_d(0) = -\log|S^{d-1}|$ is large and *positive* for large $d$ (the unit sphere of
+#   $\mathbb{R}^{4096}$ has a tiny area).
 # * $\dfrac{d}{d\kappa}\log C_d(\kappa) = -A_d(\kappa)$, the mean resultant length
 #   $E[\mu^\top x]$, which `jax.grad` reproduces.
 # * $A_d$ depends on $\kappa$ mainly through $\kappa/d$: a vMF in $d = 4096$ with $\kappa = 100$
@@ -399,7 +410,16 @@ amos_upper = kap / (nu + 0.5 + np.sqrt(kap**2 + (nu + 0.5) ** 2))
 kappa_back = np.asarray(vmf.estimate_concentration(jnp.asarray(a_d), jnp.asarray(ds)[:, None]))
 invertible = (a_d > 1e-6) & (a_d < 1 - 1e-6)  # where A_d carries enough digits to invert
 inversion_error = float(np.max(np.abs(kappa_back / kap - 1)[invertible]))
+# Large kappa: log C_d = -kappa + ((d-1)/2) log(kappa / 2 pi) + (d-1)(d-3)/(8 kappa) + ...,
+# checked where kappa >= 100 d^2 (the next term is then O(d^4 / kappa^2) <= ~1e-4).
+big = kap[None, :] >= 100 * ds[:, None] ** 2
+leading = -kap[None, :] + (ds[:, None] - 1) / 2 * np.log(kap[None, :] / (2 * np.pi))
+next_term = (ds[:, None] - 1) * (ds[:, None] - 3) / (8 * kap[None, :])
+asymptotic_error = float(np.max(np.abs(log_c - leading - next_term)[big]))
+without_log_term = float(np.min(np.abs(log_c + kap[None, :])[big & (ds[:, None] > 3)]))
 print(f"log C_d(0) vs -log|S^(d-1)| (rel): {sphere_area_error:.1e}")
+print(f"large-kappa expansion (abs)      : {asymptotic_error:.1e} "
+      f"(log C_d + kappa alone is off by >= {without_log_term:.1f})")
 print(f"d/dkappa log C_d + A_d (rel)     : {derivative_error:.1e}")
 print(f"kappa -> A_d -> kappa (rel)      : {inversion_error:.1e}")
 print("log C_d(0) =", dict(zip(ds.tolist(), np.round(log_c0, 1).tolist(), strict=True)))
@@ -449,4 +469,5 @@ assert sphere_area_error <= 1e-12 and derivative_error <= 1e-10
 assert np.all(a_d >= amos_lower * (1 - 1e-13)) and np.all(a_d <= amos_upper * (1 + 1e-13))
 assert np.all((a_d >= 0) & (a_d < 1)) and np.all(np.diff(a_d, axis=1) >= -1e-15)
 assert inversion_error <= 1e-8
+assert asymptotic_error <= 1e-3 and without_log_term >= 10  # the (d-1)/2 log kappa term matters
 print("all checks passed")

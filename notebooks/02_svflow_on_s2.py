@@ -18,7 +18,7 @@
 #
 # The smallest SVFlow that shows the main phenomenon: $n = 12$ tokens on the sphere $S^2$
 # ($d = 3$, so we can look at it), moved by one attention head whose query, key, value and output
-# maps are all the identity. In SVFlow words (`SVFLOW.md`, sections 1 and 3):
+# maps are all the identity. In SVFlow words (`docs/theory.md`, "The flow" and "Attention"):
 #
 # * the latent of token $i$ is a context position $j$, with the **vMF-kernel posterior**
 #   $q(j \mid x_i) = \operatorname{softmax}_j(\beta\, x_i^\top x_j)$;

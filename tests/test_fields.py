@@ -56,6 +56,21 @@ def _np_attention_field(p, x, causal):
     return v
 
 
+def _np_top_k(logits, k):
+    """Indices of the k largest logits, ties to the LOWER index (a stable sort of -logits)."""
+    return np.argsort(-np.asarray(logits), kind="stable")[:k]
+
+
+def _np_router_posterior(logits, k):
+    """Softmax renormalised over ``_np_top_k``; exactly k non-zero weights per row."""
+    logits = np.asarray(logits, float)
+    q = np.zeros_like(logits)
+    for row in np.ndindex(logits.shape[:-1]):
+        keep = _np_top_k(logits[row], k)
+        q[row + (keep,)] = np_softmax(logits[row][keep])
+    return q
+
+
 def _np_experts_field(p, x, top_k, radius):
     x = np.asarray(x)
     e = p.experts
@@ -74,7 +89,7 @@ def _np_experts_field(p, x, top_k, radius):
             q = np.ones(1)
         else:
             logits = y @ np.asarray(p.router.weight)
-            keep = np.argsort(-logits)[: (top_k or len(logits))]
+            keep = _np_top_k(logits, top_k or len(logits))
             q = np.zeros(len(logits))
             q[keep] = np_softmax(logits[keep])
         u = sum(q[k] * scores[k] for k in range(len(q)))
@@ -179,11 +194,84 @@ def test_router_top_k():
                                atol=1e-15)
 
 
-def test_sum_and_scaled_fields_are_linear():
+# Rows with exact ties, at and across the k-th place (small binary fractions: exact in float).
+TIED_LOGITS = np.array([
+    [1.0, 2.0, 2.0, 0.0],    # tie for first place
+    [3.0, 1.0, 3.0, 1.0],    # two ties
+    [0.5, 0.5, 0.5, 0.5],    # all tied
+    [-1.0, 0.25, 0.25, 0.25],
+    [0.0, -2.0, 0.0, 4.0],
+])
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_router_ties_go_to_the_lower_index(top_k):
+    """Tied logits: exactly k experts, the k largest with ties to the lowest index (the rule of
+    ``jax.lax.top_k`` and of the Transformer's MoE block), against a stable NumPy sort."""
+    q = np.asarray(flow.router_posterior(jnp.asarray(TIED_LOGITS), top_k))
+    expected = _np_router_posterior(TIED_LOGITS, top_k)
+    np.testing.assert_allclose(q, expected, atol=1e-15)
+    assert np.all(np.count_nonzero(q, axis=-1) == top_k)
+    np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-15)
+    # e.g. row [0.5] * 4, k = 2: experts 0 and 1 at 1/2 each (not all four at 1/4)
+    np.testing.assert_array_equal(np.nonzero(q[2])[0], np.arange(top_k))
+
+
+def _tied_router(p):
+    """Router columns 2, 3 copy columns 0, 1: every token's logits tie in pairs, (a, b, a, b)."""
+    w = p.router.weight
+    return flow.ExpertsParams(experts=p.experts,
+                              router=flow.RouterPosterior(jnp.concatenate([w[:, :2]] * 2, 1)))
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_experts_field_with_tied_router_matches_numpy(top_k):
+    p = _tied_router(_experts(num_experts=4))
+    x = _state(14)
+    radius = 1.7
+    logits = np.asarray(radius * x @ p.router.weight)
+    assert np.array_equal(logits[:, :2], logits[:, 2:])  # the ties are exact
+    got = flow.ExpertsField(p, top_k=top_k, radius=radius)(0.0, x)
+    np.testing.assert_allclose(got, _np_experts_field(p, x, top_k, radius), atol=1e-13)
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_transformer_moe_and_flow_route_ties_alike(top_k):
+    """The Transformer's MoE block and the flow's experts field (via ``correspondence.to_flow``)
+    give the same output on tokens whose router logits tie exactly at the k-th place."""
+    from flax import nnx
+
+    from svflow_jax import correspondence
+    from svflow_jax.transformer import Transformer, TransformerConfig, layer_params
+
+    d = 8
+    cfg = TransformerConfig(
+        d_model=d, n_layers=1, n_heads=2, d_head=4, d_ff=16, norm="rms", norm_eps=0.0,
+        norm_gain=False, use_bias=False, init_std=0.3, param_dtype=jnp.float64, ffn="moe",
+        n_experts=4, top_k=top_k,
+    )
+    params = layer_params(Transformer(cfg, rngs=nnx.Rngs(0)))
+    w = params["router"]  # (L, d, E): columns 2, 3 copy columns 0, 1
+    params["router"] = jnp.concatenate([w[..., :2]] * 2, axis=-1)
+    model = Transformer.from_layer_params(cfg, params)
+    rho = np.sqrt(d)
+    z = rho * _state(15, shape=(N,), d=d)  # branch inputs on RMSNorm's sphere
+    logits = np.asarray(z @ params["router"][0])
+    assert np.array_equal(logits[:, :2], logits[:, 2:])
+    moe = model.layer(0).ffn
+    flow_field = correspondence.to_flow(cfg, params).experts
+    # The router weights agree with the flow's posterior (router sees rho u = z) ...
+    np.testing.assert_array_equal(np.asarray(moe.router_weights(z)),
+                                  np.asarray(flow.router_posterior(jnp.asarray(logits), top_k)))
+    assert np.all(np.count_nonzero(np.asarray(moe.router_weights(z)), axis=-1) == top_k)
+    # ... and so do the outputs: MoE(z) = rho * u_t(z / rho), the flow's unprojected drift.
+    np.testing.assert_allclose(moe(z), rho * flow_field.drift(0.0, z / rho), atol=1e-13)
+
+
+def test_sum_field_is_linear():
     a, e = flow.AttentionField(_attention()), flow.ExpertsField(_experts())
     x = _state(9)
     np.testing.assert_allclose(flow.SumField(a, e)(0.0, x), a(0.0, x) + e(0.0, x), atol=1e-15)
-    np.testing.assert_allclose(flow.ScaledField(e, 0.5)(0.0, x), 0.5 * e(0.0, x), atol=1e-15)
 
 
 def test_ambient_extension_is_radially_constant():

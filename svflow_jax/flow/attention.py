@@ -1,10 +1,10 @@
 """Multi-head attention as SVFlow: a vMF-kernel posterior times vMF scores.
 
-For token ``i`` the latent is ``z = (h, j)``: a head ``h`` and a context position ``j``
-(``j <= i`` when causal). Head ``h`` compares tokens in a ``k``-dimensional embedding with a
-von Mises-Fisher kernel of concentration ``kappa_h``; the posterior over context positions is
+Head ``h`` compares tokens in a ``k``-dimensional embedding with a von Mises-Fisher kernel of
+concentration ``kappa_h``. For token ``i`` and head ``h`` the posterior over the context
+positions ``j`` (``j <= i`` when causal) is
 
-    q(j | x_i, h) = softmax_j( kappa_h <x_i A_h, x_j B_h> )              (posterior)
+    q_h(j | x_i) = softmax_j( kappa_h <x_i A_h, x_j B_h> )              (posterior)
 
 and position ``j`` explains ``x`` by a vMF likelihood whose natural parameter is a linear image
 of ``x_j``,
@@ -13,13 +13,36 @@ of ``x_j``,
 
 so the field is the posterior expectation of the Riemannian scores ``P_x eta``:
 
-    v(x_i) = sum_h sum_j q(j | x_i, h) P_{x_i} eta_{h j}.
+    v(x_i) = sum_h sum_j q_h(j | x_i) P_{x_i} eta_{h j}.
 
-Heads are a factorised latent whose log-likelihoods add, so their scores add (a sum over h,
-not an average). The posterior over the n tokens in context is a kernel-smoothed Monte Carlo
-estimate of the posterior over the continuous latent.
+Why heads ADD. The latent of token ``i`` is one context position PER HEAD,
+``z = (j_1, ..., j_H)``, with the factorised (product) posterior
+``q(z | x_i) = prod_h q_h(j_h | x_i)`` and the likelihood
+``p(x | z) proportional to exp(sum_h eta_{h j_h} . x)``, a vMF whose natural parameter is
+``sum_h eta_{h j_h}``. Its score is ``sum_h eta_{h j_h}``, and the expectation under the
+product posterior is ``sum_h sum_j q_h(j | x_i) eta_{h j}`` exactly: one weight distribution per
+head, each summing to one over ``j``. A single joint latent ``z = (h, j)`` would instead have
+ONE distribution summing to one over all pairs ``(h, j)`` (for instance ``q(h) q_h(j | x_i)``
+with ``q(h) = 1/H``), and its expected score would AVERAGE the heads' scores, ``1/H`` times the
+sum. A Transformer sums its heads (``sum_h o_h W_O^h``), so the product latent is the one it
+implements.
+
+When the softmax is a Bayes posterior. As a density in ``x_i``, the kernel of component
+``(h, j)`` is ``exp(x_i . m_{hj})`` with ``m_{hj} = kappa_h x_j B_h A_h^T`` (for a Transformer,
+``A_h = W_Q^h``, ``B_h = W_K^h``: ``m_{hj} = kappa_h x_j W_K^h W_Q^h^T``), a vMF kernel with
+concentration ``kappa_{hj} = |m_{hj}|``, which differs between positions because ``x_j B_h`` is
+not a unit vector. With a prior ``pi_j`` over positions, Bayes' rule gives
+
+    p(j | x_i, h) = pi_j C_d(kappa_{hj}) exp(x_i . m_{hj}) / sum_j' pi_j' C_d(kappa_{hj'}) exp(...),
+
+so the softmax above IS the exact Bayes posterior of these vMF components only under the prior
+``pi_j`` proportional to ``1 / C_d(kappa_{hj})``, which cancels each component's normaliser.
+Under a uniform prior it is that posterior only up to the factors ``C_d(kappa_{hj})``. The
+posterior over the ``n`` tokens in context is a kernel-smoothed (Monte Carlo) estimate of the
+posterior over the continuous latent.
 
 Row-vector convention: a point is a row ``x`` of shape ``(d,)`` and maps act on the right.
+See ``docs/theory.md``, "Attention".
 """
 
 from __future__ import annotations
@@ -106,7 +129,14 @@ def causal_context(n: int) -> Bool[Array, "n n"]:
 def attention_posterior(
     params: AttentionParams, x: Float[Array, "... n d"], causal: bool = False
 ) -> Float[Array, "... H n n"]:
-    """``q[..., h, i, j] = q(j | x_i, h)``, the vMF-kernel posterior over context positions."""
+    """``q[..., h, i, j] = q_h(j | x_i)``, the vMF-kernel posterior over context positions.
+
+    ``softmax_j(kappa_h <x_i A_h, x_j B_h>)``: for each head, weights summing to one over ``j``.
+    It is the exact Bayes posterior of the vMF components ``(h, j)`` (concentration
+    ``kappa_{hj} = kappa_h |x_j B_h A_h^T|``) under the prior ``pi_j`` proportional to
+    ``1 / C_d(kappa_{hj})``; under a uniform prior it is that posterior only up to the factors
+    ``C_d(kappa_{hj})`` (module docstring).
+    """
     # kappa_h scales the query embedding (n H k products) rather than the kernel (H n^2).
     kappa = params.concentration[:, None, None]
     a = kappa * jnp.einsum("...nd,dhk->...hnk", x, params.kernel_query)
@@ -128,18 +158,11 @@ def natural_parameters(
     return jnp.einsum("...hnr,hrd->...hnd", hidden, params.natural_out)
 
 
-def expected_score(
-    posterior: Float[Array, "... H n n"], eta: Float[Array, "... H n d"]
-) -> Float[Array, "... n d"]:
-    """``sum_h sum_j q(j | x_i, h) eta_{h j}``: expectation over the latent ``(h, j)``."""
-    return jnp.einsum("...hij,...hjd->...id", posterior, eta)
-
-
 def expected_natural_parameter(
     params: AttentionParams, posterior: Float[Array, "... H n n"], x: Float[Array, "... n d"]
 ) -> Float[Array, "... n d"]:
-    """``E_q[eta] = sum_h (sum_j q(j | x_i, h) x_j N_h) M_h``, the same expectation as
-    :func:`expected_score` of :func:`natural_parameters`, in a cheaper order.
+    """``E_q[eta] = sum_h (sum_j q_h(j | x_i) x_j N_h) M_h``: the expected Euclidean score
+    ``sum_h sum_j q_h(j | x_i) eta_{h j}`` of :func:`natural_parameters`, in a cheaper order.
 
     ``eta_{hj} = x_j N_h M_h`` is linear in ``x_j``, so the posterior average can be taken in the
     ``r``-dimensional space of ``x_j N_h`` before mapping to R^d with ``M_h``: ``O(H n^2 r)``
@@ -151,7 +174,7 @@ def expected_natural_parameter(
 
 
 class AttentionField(VectorField):
-    """The attention field ``v_t(x_i) = P_{x_i} E_{q_t((h, j) | x_i)}[eta_{h j}]``.
+    """The attention field ``v_t(x_i) = P_{x_i} sum_h E_{q_h(j | x_i)}[eta_{h j}]``.
 
     Args:
         params: a :class:`~svflow_jax.flow.paths.ParameterPath` returning

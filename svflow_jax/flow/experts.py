@@ -2,7 +2,7 @@
 
 The latent is an expert ``e``. The router is a categorical posterior
 
-    q(e | x) = softmax_e( x W_r )          (top-k: renormalised over the k largest)
+    q(e | x) = softmax_e( x W_r )          (top-k: renormalised over k selected experts)
 
 and expert ``e`` supplies a *relaxed* score ``s_e(x)``: a network that plays the role of
 ``grad log p(x | e)`` without being constrained to be the gradient of a log-density. The field is
@@ -15,8 +15,19 @@ Networks trained on the sphere of radius ``rho`` (RMSNorm without gain puts toke
 of radius ``sqrt(d)``) are pulled back to the unit sphere: ``s(u) = net(rho u) / rho`` and the
 router sees ``rho u``. ``rho`` is a fixed property of the score network, not a learned weight.
 
+Top-k routing keeps exactly ``k`` experts: the ``k`` largest router logits, ties broken towards
+the LOWER expert index, and renormalises the softmax over them:
+
+    S_k(x) = the first k indices of the experts sorted by (logit descending, index ascending),
+    q(e | x) = exp(l_e) / sum_{e' in S_k} exp(l_e')  for e in S_k,  0 otherwise.
+
+This is the rule of ``jax.lax.top_k`` and of the Transformer's MoE block, so both sides route a
+token with tied logits to the same experts. (Ties have probability zero for continuous inputs,
+but they do occur: duplicated router columns, zero router weights, low-precision logits.)
+
 Top-k routing makes the field only piecewise smooth: it jumps where the k-th and (k+1)-th router
 scores cross. Order tests of higher-order solvers belong on dense routing (``top_k=None``).
+See ``docs/theory.md``, "Mixture of experts and FFN".
 """
 
 from __future__ import annotations
@@ -83,17 +94,21 @@ class ScoreNetworks(eqx.Module):
 def router_posterior(
     logits: Float[Array, "... E"], top_k: int | None
 ) -> Float[Array, "... E"]:
-    """``q(e | x) = softmax(logits)``, renormalised over the ``top_k`` largest (others get 0).
+    """``q(e | x) = softmax(logits)``, renormalised over ``top_k`` selected experts (others 0).
 
     Renormalising the softmax over a subset equals the softmax of the subset's logits.
-    Ties at the k-th value keep every tied expert (measure zero for continuous inputs).
+    Selection (the rule of the Transformer's MoE block): the ``top_k`` largest logits, ties
+    broken towards the LOWER expert index (``jax.lax.top_k``), so exactly ``top_k`` experts get
+    a non-zero weight, whatever the ties.
     """
-    if top_k is None or top_k >= logits.shape[-1]:
+    num_experts = logits.shape[-1]
+    if top_k is None or top_k >= num_experts:
         return jax.nn.softmax(logits, axis=-1)
-    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
-    kept = logits >= kth
-    masked = jnp.where(kept, logits, jnp.finfo(logits.dtype).min)
-    return jnp.where(kept, jax.nn.softmax(masked, axis=-1), 0.0)
+    _, top = jax.lax.top_k(logits, top_k)  # indices; equal values: the lower index first
+    selected = jnp.any(top[..., :, None] == jnp.arange(num_experts), axis=-2)
+    # finfo.min (not -inf) keeps every row's maximum finite; exp then underflows to 0.
+    masked = jnp.where(selected, logits, jnp.finfo(logits.dtype).min)
+    return jnp.where(selected, jax.nn.softmax(masked, axis=-1), 0.0)
 
 
 class RouterPosterior(eqx.Module):

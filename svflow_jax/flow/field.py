@@ -11,9 +11,11 @@ and inherits the Riemannian field ``v_t(x) = P_x u_t(x)``. Because ``P_x`` is li
 expectation of the Riemannian scores equals the projection of the expected Euclidean score:
 projecting once per token instead of once per latent saves a factor of the number of latents.
 
-The Euclidean drift ``u`` is what an unprojected Transformer branch computes; its radial part
-``x . u`` never matters in the continuous limit (see ``SVFLOW.md`` section 5), which is why
-both are exposed.
+The Euclidean drift ``u`` is what an unprojected Transformer branch computes, which is why both
+are exposed. In a post-norm layer its radial part ``x . u`` only rescales the step
+(``h' = h / (1 + h x . u)``) and drops out of the continuous limit; in a pre-norm stack it drives
+the token radii (``dr_i/dt = u_i . F_t(U)_i``), which feed back into the directions: see
+``docs/theory.md``, "Post-norm, standard layer" and "Pre-norm".
 
 A field is called like a diffrax vector field, ``field(t, x, args)``, with ``x`` of shape
 ``(..., n, d)`` (tokens on the last-but-one axis, any leading batch axes), so it can be wrapped
@@ -30,7 +32,7 @@ from jaxtyping import Array, Float, PyTree, Real
 
 from ..sphere import project_tangent
 
-__all__ = ["VectorField", "SumField", "ScaledField"]
+__all__ = ["VectorField", "SumField"]
 
 
 class VectorField(eqx.Module):
@@ -55,7 +57,7 @@ class VectorField(eqx.Module):
         """Ambient extension ``F(y) = u_t(y / |y|)`` used by pre-norm layers.
 
         Pre-norm residual streams live in R^d, not on the sphere: ``y <- y + h F(Norm(y))``
-        is forward Euler of ``dy/dt = u_t(y/|y|)`` (``SVFLOW.md`` section 5).
+        is forward Euler of ``dy/dt = u_t(y/|y|)`` (``docs/theory.md``, "Pre-norm").
         """
         del args
         return self.drift(t, y / jnp.linalg.norm(y, axis=-1, keepdims=True))
@@ -76,16 +78,6 @@ class SumField(VectorField):
 
     def drift(self, t, x):
         return sum(f.drift(t, x) for f in self.fields)
-
-
-class ScaledField(VectorField):
-    """``c * v``: used for half steps (a Macaron block's FFN halves are ``v_F / 2`` on ``h``)."""
-
-    field: VectorField
-    scale: float = eqx.field(static=True)
-
-    def drift(self, t, x):
-        return self.scale * self.field.drift(t, x)
 
 
 def _check_tokens(x: Array, d: int, what: str) -> None:
