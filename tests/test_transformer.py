@@ -21,11 +21,15 @@ from scipy.special import erf
 from scipy.special import softmax as sp_softmax
 
 from svflow_jax.transformer import (
+    RoPE,
     Transformer,
     TransformerConfig,
     TransformerLM,
+    apply_rope,
+    embedding_params,
     layer_params,
     outer_norm_params,
+    set_embedding_params,
     set_layer_params,
     set_outer_norm_params,
 )
@@ -43,30 +47,47 @@ N_TOKENS = 5
 # ============================================================================================
 
 
+def bias_flags(cfg: TransformerConfig) -> dict[str, bool]:
+    """Which biases exist: each override, or use_bias when it is None (LayerNorm only for
+    the Norm bias)."""
+    flags = {}
+    for group in ("qkv", "out", "ffn", "norm"):
+        override = getattr(cfg, f"{group}_bias")
+        flags[group] = cfg.use_bias if override is None else override
+    flags["norm"] = flags["norm"] and cfg.norm == "layer"
+    return flags
+
+
 def shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """The documented parameter layout, written out again here (not read from the model)."""
     L, d, H, dk, f = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff
     G = cfg.n_kv_heads or H
     out = {"wq": (L, d, H, dk), "wk": (L, d, G, dk), "wv": (L, d, G, dk), "wo": (L, H, dk, d)}
-    if cfg.use_bias:
-        out |= {"bq": (L, H, dk), "bk": (L, G, dk), "bv": (L, G, dk), "bo": (L, d)}
+    flags = bias_flags(cfg)
+    qkv_bias, out_bias, ffn_bias, norm_bias = (flags[k] for k in ("qkv", "out", "ffn", "norm"))
+    if qkv_bias:
+        out |= {"bq": (L, H, dk), "bk": (L, G, dk), "bv": (L, G, dk)}
+    if out_bias:
+        out["bo"] = (L, d)
+    if cfg.qk_norm:
+        out |= {"q_norm_gain": (L, dk), "k_norm_gain": (L, dk)}
     kind = cfg.expert_ffn if cfg.ffn == "moe" else cfg.ffn
     E = (cfg.n_experts,) if cfg.ffn == "moe" else ()
     if cfg.ffn == "moe":
         out["router"] = (L, d, cfg.n_experts)
     if kind == "gelu":
         out |= {"w_in": (L, *E, d, f), "w_out": (L, *E, f, d)}
-        if cfg.use_bias:
+        if ffn_bias:
             out |= {"b_in": (L, *E, f), "b_out": (L, *E, d)}
     else:
         out |= {"w_gate": (L, *E, d, f), "w_up": (L, *E, d, f), "w_down": (L, *E, f, d)}
-        if cfg.use_bias:
+        if ffn_bias:
             out |= {"b_gate": (L, *E, f), "b_up": (L, *E, f), "b_down": (L, *E, d)}
     norms = ["norm"] if cfg.block == "parallel" else ["norm_attn", "norm_ffn"]
     for norm in norms:
         if cfg.norm_gain:
             out[f"{norm}_gain"] = (L, d)
-        if cfg.norm == "layer" and cfg.use_bias:
+        if norm_bias:
             out[f"{norm}_bias"] = (L, d)
     return out
 
@@ -76,7 +97,7 @@ def outer_names(cfg: TransformerConfig) -> list[str]:
         return []
     prefix = "input_norm" if cfg.norm_position == "post" else "final_norm"
     names = [f"{prefix}_gain"] if cfg.norm_gain else []
-    return names + ([f"{prefix}_bias"] if cfg.norm == "layer" and cfg.use_bias else [])
+    return names + ([f"{prefix}_bias"] if bias_flags(cfg)["norm"] else [])
 
 
 def random_params(cfg: TransformerConfig, seed: int) -> tuple[dict, dict]:
@@ -124,24 +145,74 @@ def ref_softmax_rows(s):
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def ref_attention(x, p, cfg):
-    """Head by head: sum_h softmax(q_h k_h^T / sqrt(dk) [causal]) v_h Wo_h."""
+def ref_inv_freq(cfg: TransformerConfig) -> np.ndarray:
+    """theta^(-2i/dk), or Meta's Llama 3.1 ``apply_scaling`` written out frequency by frequency."""
+    rope, dk = cfg.rope, cfg.d_head
+    out = []
+    for i in range(dk // 2):
+        freq = rope.theta ** (-2 * i / dk)
+        if rope.rope_type == "llama3":
+            old = rope.original_max_position_embeddings
+            lo, hi = rope.low_freq_factor, rope.high_freq_factor
+            wavelen = 2 * np.pi / freq
+            if wavelen < old / hi:
+                pass
+            elif wavelen > old / lo:
+                freq = freq / rope.factor
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                freq = (1 - smooth) * freq / rope.factor + smooth * freq
+        out.append(freq)
+    return np.array(out)
+
+
+def ref_rotate(x, positions, inv_freq):
+    """Pair (i, i + dk/2) of each row rotated by the angle position * inv_freq[i]."""
+    half = x.shape[-1] // 2
+    out = np.array(x, dtype=float)
+    for i in range(half):
+        angle = positions * inv_freq[i]  # (..., n)
+        c, s = np.cos(angle), np.sin(angle)
+        out[..., i] = c * x[..., i] - s * x[..., i + half]
+        out[..., i + half] = s * x[..., i] + c * x[..., i + half]
+    return out
+
+
+def ref_attention(x, p, cfg, mask=None, positions=None):
+    """Head by head: sum_h softmax(q_h k_h^T / sqrt(dk) [causal] [padding]) v_h Wo_h, with
+    q_h, k_h [biased] [RMS-normalised per head] [rotated]. Fully masked rows give 0."""
     H = cfg.n_heads
     G = cfg.n_kv_heads or H
     n = x.shape[-2]
+    names = shapes(cfg)
+    if positions is None:
+        positions = np.arange(n)
     out = np.zeros(x.shape)
     for h in range(H):
         g = h // (H // G)  # the key/value head serving query head h
         q = x @ p["wq"][:, h, :]
         k = x @ p["wk"][:, g, :]
         v = x @ p["wv"][:, g, :]
-        if cfg.use_bias:
+        if "bq" in names:
             q, k, v = q + p["bq"][h], k + p["bk"][g], v + p["bv"][g]
+        if cfg.qk_norm:
+            q = q / np.sqrt(np.mean(q**2, -1, keepdims=True) + cfg.norm_eps) * p["q_norm_gain"]
+            k = k / np.sqrt(np.mean(k**2, -1, keepdims=True) + cfg.norm_eps) * p["k_norm_gain"]
+        if cfg.rope is not None:
+            q = ref_rotate(q, positions, ref_inv_freq(cfg))
+            k = ref_rotate(k, positions, ref_inv_freq(cfg))
         s = q @ np.swapaxes(k, -1, -2) / np.sqrt(cfg.d_head)
+        allowed = np.ones(s.shape, dtype=bool)
         if cfg.causal:
-            s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
-        out = out + (ref_softmax_rows(s) @ v) @ p["wo"][h]
-    return out + p["bo"] if cfg.use_bias else out
+            allowed = allowed & np.tril(np.ones((n, n), dtype=bool))
+        if mask is not None:
+            allowed = allowed & mask[..., None, :]
+        top = np.max(np.where(allowed, s, -np.inf), -1, keepdims=True)
+        e = np.where(allowed, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+        total = np.sum(e, -1, keepdims=True)
+        w = e / np.where(total > 0, total, 1.0)
+        out = out + (w @ v) @ p["wo"][h]
+    return out + p["bo"] if "bo" in names else out
 
 
 def gelu(z):
@@ -176,11 +247,11 @@ def ref_moe(x, p, cfg):
         top = np.argsort(-logits, kind="stable")[: cfg.top_k]
         w = sp_softmax(logits[top])
         for wi, e in zip(w, top, strict=True):
-            out[t] += wi * ref_dense_ffn(xt, p, cfg.expert_ffn, cfg.use_bias, e=e)
+            out[t] += wi * ref_dense_ffn(xt, p, cfg.expert_ffn, bias_flags(cfg)["ffn"], e=e)
     return out.reshape(x.shape)
 
 
-def ref_layer(x, p, cfg):
+def ref_layer(x, p, cfg, mask=None, positions=None):
     """One layer, spelled out per variant. Returns the state after each residual sub-step."""
     h = cfg.residual_scale
 
@@ -190,12 +261,12 @@ def ref_layer(x, p, cfg):
         return u - (np.sum(z * u, -1, keepdims=True) / np.sum(z * z, -1, keepdims=True)) * z
 
     def A(z):
-        return ref_attention(z, p, cfg)
+        return ref_attention(z, p, cfg, mask, positions)
 
     def F(z):
         if cfg.ffn == "moe":
             return ref_moe(z, p, cfg)
-        return ref_dense_ffn(z, p, cfg.ffn, cfg.use_bias)
+        return ref_dense_ffn(z, p, cfg.ffn, bias_flags(cfg)["ffn"])
 
     def N(role, y):
         return ref_norm(y, cfg, p.get(f"{role}_gain"), p.get(f"{role}_bias"))
@@ -242,14 +313,14 @@ def ref_layer(x, p, cfg):
     return states
 
 
-def ref_stack(x, params, outer, cfg):
+def ref_stack(x, params, outer, cfg, mask=None, positions=None):
     """All sub-step states (first entry: input of layer 1) and the output of the stack."""
     if cfg.norm_position == "post":
         x = ref_norm(x, cfg, outer.get("input_norm_gain"), outer.get("input_norm_bias"))
     states = [x]
     for layer in range(cfg.n_layers):
         p = {name: a[layer] for name, a in params.items()}
-        states += ref_layer(states[-1], p, cfg)
+        states += ref_layer(states[-1], p, cfg, mask, positions)
     y = states[-1]
     if cfg.norm_position == "pre" and cfg.final_norm:
         y = ref_norm(y, cfg, outer.get("final_norm_gain"), outer.get("final_norm_bias"))
@@ -457,20 +528,31 @@ def _count_eqns(jaxpr) -> int:
     return total
 
 
-def test_program_size_does_not_grow_with_depth():
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(block="macaron", ffn="moe", n_experts=3, top_k=2),
+        dict(
+            norm_position="pre", ffn="swiglu", causal=True, rope=RoPE(theta=100.0),
+            qk_norm=True, qkv_bias=True, n_kv_heads=2, d_head=4,
+        ),
+    ],
+    ids=["macaron-moe", "llama-like-masked"],
+)
+def test_program_size_does_not_grow_with_depth(variant):
     """Deterministic stand-in for "compile time is flat in L": same jaxpr, same HLO for L=2 and
     L=64 (up to the digits of the layer count in the shapes)."""
     sizes = {}
     for L in (2, 64):
-        cfg = TransformerConfig(
-            **(BASE | dict(n_layers=L, block="macaron", ffn="moe", n_experts=3, top_k=2))
-        )
+        cfg = TransformerConfig(**(BASE | dict(n_layers=L) | variant))
         abstract = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
         x = jax.ShapeDtypeStruct((2, N_TOKENS, cfg.d_model), F64)
+        masked = cfg.rope is not None
 
-        def forward(state, x, graphdef=graphdef):
-            return nnx.merge(graphdef, state).hidden_states(x, substeps=True)
+        def forward(state, x, graphdef=graphdef, masked=masked):
+            mask = jnp.arange(N_TOKENS) < jnp.array([[N_TOKENS], [3]]) if masked else None
+            return nnx.merge(graphdef, state).hidden_states(x, substeps=True, mask=mask)
 
         def init(cfg=cfg):
             return nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -575,7 +657,12 @@ def test_float32_matches_float64():
         (dict(n_layers=0), ValueError, "n_layers"),
         (dict(d_head=True), ValueError, "d_head"),
         (dict(param_dtype=jnp.int32), ValueError, "floating"),
-        (dict(rope="standard"), NotImplementedError, "rope"),
+        (dict(rope="standard"), ValueError, "rope must be None or a RoPE"),
+        (dict(rope=RoPE()), ValueError, "even d_head"),
+        (dict(norm_bias=True), ValueError, "norm_bias=True needs norm='layer'"),
+        (dict(qkv_bias=1), ValueError, "qkv_bias must be None or a bool"),
+        (dict(n_positions=0), ValueError, "n_positions"),
+        (dict(d_head=4, rope=RoPE(freq_factors=(1.0,))), ValueError, "freq_factors"),
     ],
 )
 def test_config_validation(overrides, error, match):
@@ -610,7 +697,10 @@ def test_no_flow_side_imports():
 
     import svflow_jax.transformer as package
 
-    forbidden = ("svflow_jax.flow", "svflow_jax.sphere", "svflow_jax.vmf", "svflow_jax.solvers")
+    forbidden = (
+        "svflow_jax.flow", "svflow_jax.sphere", "svflow_jax.vmf", "svflow_jax.solvers",
+        "svflow_jax.correspondence", "svflow_jax.checkpoints",
+    )
     seen = 0
     for path in Path(package.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -628,3 +718,183 @@ def test_no_flow_side_imports():
             bad = [n for n in names for f in forbidden if n == f or n.startswith(f + ".")]
             assert not bad, f"{path.name} imports {bad}"
     assert seen > 10  # the walk did find the package's imports
+
+
+# ============================================================================================
+# Real-model layers: RoPE, Q/K/V/O biases, q/k norm, padding masks, embeddings and LM head
+# ============================================================================================
+
+LLAMA3 = RoPE(
+    theta=500.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+    original_max_position_embeddings=64,
+)
+REAL_CASES = {
+    # Llama: pre-norm RMSNorm, SwiGLU, causal, GQA, RoPE.
+    "llama": dict(
+        norm_position="pre", ffn="swiglu", causal=True, n_kv_heads=2, d_head=4,
+        rope=RoPE(theta=100.0), norm_eps=1e-5,
+    ),
+    "llama3": dict(
+        norm_position="pre", ffn="swiglu", causal=True, n_kv_heads=1, d_head=8, rope=LLAMA3,
+    ),
+    # Qwen2: Q/K/V biases only.
+    "qwen2": dict(
+        norm_position="pre", ffn="swiglu", causal=True, n_kv_heads=2, d_head=4,
+        rope=RoPE(theta=1e4), qkv_bias=True,
+    ),
+    # Qwen3: per-head q/k RMSNorm, d_head unrelated to d_model / n_heads.
+    "qwen3": dict(
+        norm_position="pre", ffn="swiglu", causal=True, n_kv_heads=2, d_head=6,
+        rope=RoPE(theta=1e4), qk_norm=True,
+    ),
+    # BERT: post-norm LayerNorm with biases everywhere, exact GELU, bidirectional.
+    "bert": dict(norm_position="post", norm="layer", ffn="gelu", use_bias=True, norm_eps=1e-12),
+    # Switches mixed: O and FFN biases without Q/K/V biases, LayerNorm without bias.
+    "mixed": dict(
+        norm_position="pre", norm="layer", use_bias=True, qkv_bias=False, norm_bias=False,
+        rope=RoPE(theta=30.0), d_head=4, causal=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_CASES))
+def test_real_model_layers_match_numpy_reference(name):
+    """Each real-model layer kind against the loop-by-loop NumPy reference (RoPE by explicit
+    pair rotations), on a padded batch with explicit positions, float64, 1e-12 on the valid
+    positions."""
+    cfg = TransformerConfig(**(BASE | REAL_CASES[name]))
+    params, outer = random_params(cfg, seed=11)
+    model = Transformer.from_layer_params(
+        cfg, jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, outer)
+    )
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, N_TOKENS, cfg.d_model))
+    lengths = np.array([N_TOKENS, 3, 1])
+    cols = np.arange(N_TOKENS)
+    if cfg.causal:  # decoders: left padding, positions counted from the first valid token
+        mask = cols >= (N_TOKENS - lengths)[:, None]
+        positions = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+    else:  # BERT: right padding
+        mask = cols < lengths[:, None]
+        positions = np.broadcast_to(cols, mask.shape)
+    ref_states, ref_out = ref_stack(x, params, outer, cfg, mask, positions)
+    m, pos = jnp.asarray(mask), jnp.asarray(positions)
+    states = np.asarray(model.hidden_states(jnp.asarray(x), substeps=True, mask=m, positions=pos))
+    out = np.asarray(model(jnp.asarray(x), m, pos))
+    np.testing.assert_allclose(states[:, mask], ref_states[:, mask], rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(out[mask], ref_out[mask], rtol=TOL, atol=TOL)
+    assert np.all(np.isfinite(states))  # padded rows too (a fully masked row is uniform)
+    assert np.max(np.abs(states[-1][mask] - states[0][mask])) > 0.1
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_padding_mask(name):
+    """Padded keys get exactly zero attention; valid outputs equal the unpadded run and do not
+    depend on what the padded tokens hold."""
+    model, cfg = _model(**REAL_CASES[name])
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, N_TOKENS, cfg.d_model))
+    mask = np.arange(N_TOKENS) < np.array([[N_TOKENS], [3]])  # right padding
+    attn = model.layer(0).attn
+    w = np.asarray(attn.attention_weights(jnp.asarray(x), jnp.asarray(mask)))
+    assert np.all(w[1][:, :, 3:] == 0.0)  # no query reads a padded key
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=0, atol=TOL)
+
+    y = np.asarray(model(jnp.asarray(x), jnp.asarray(mask)))
+    x2 = x.copy()
+    x2[1, 3:] = 100.0 * rng.standard_normal(x2[1, 3:].shape)
+    y2 = np.asarray(model(jnp.asarray(x2), jnp.asarray(mask)))
+    np.testing.assert_array_equal(y[1, :3], y2[1, :3])
+    alone = np.asarray(model(jnp.asarray(x[1:, :3])))
+    np.testing.assert_allclose(y[1, :3], alone[0], rtol=TOL, atol=TOL)
+    if not cfg.causal:  # control: without the mask BERT's valid tokens do see the padding
+        y3 = np.asarray(model(jnp.asarray(x2)))
+        assert np.max(np.abs(y3[1, :3] - y[1, :3])) > 1e-3
+
+
+def test_rope_closed_form():
+    """Each pair (i, i + dk/2) is rotated by the angle position * theta^(-2i/dk)."""
+    dk, theta = 8, 50.0
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 5, 3, dk))  # (batch, n, heads, dk)
+    positions = np.array([[0, 1, 2, 3, 4], [7, 3, 0, 11, 2]])
+    y = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(positions), RoPE(theta).inv_freq(dk)))
+    for b, t, h, i in itertools.product(range(2), range(5), range(3), range(dk // 2)):
+        angle = positions[b, t] * theta ** (-2 * i / dk)
+        rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        pair = rot @ np.array([x[b, t, h, i], x[b, t, h, i + dk // 2]])
+        np.testing.assert_allclose([y[b, t, h, i], y[b, t, h, i + dk // 2]], pair, atol=TOL)
+    # Rotations: norms kept; position 0 is the identity.
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=TOL)
+    np.testing.assert_array_equal(y[0, 0], x[0, 0])
+
+
+@pytest.mark.parametrize("rope", [RoPE(theta=1e4), LLAMA3], ids=["default", "llama3"])
+def test_rope_scores_depend_only_on_relative_position(rope):
+    dk = 8
+    rng = np.random.default_rng(15)
+    q, k = rng.standard_normal(dk), rng.standard_normal(dk)
+    inv = rope.inv_freq(dk)
+
+    def score(m, n):
+        rq = apply_rope(jnp.asarray(q)[None, None], jnp.array([m]), inv)
+        rk = apply_rope(jnp.asarray(k)[None, None], jnp.array([n]), inv)
+        return float(jnp.sum(rq * rk))
+
+    for m, n in [(0, 0), (3, 1), (1, 3), (5, 9)]:
+        for shift in (1, 17, 250):
+            assert abs(score(m + shift, n + shift) - score(m, n)) < 1e-10
+    assert abs(score(3, 1) - score(1, 3)) > 1e-3  # but it does depend on m - n
+
+
+def test_llama3_frequency_scaling():
+    """RoPE.inv_freq against a direct NumPy transcription of Llama 3.1's formula, with all three
+    regimes (kept, smoothed, divided by the factor) present."""
+    for dk, theta, original in [(8, 500.0, 64), (16, 5e5, 256), (128, 5e5, 8192)]:
+        rope = RoPE(
+            theta=theta, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=original,
+        )
+        cfg = TransformerConfig(**(BASE | dict(d_head=dk, rope=rope)))
+        got, want = rope.inv_freq(dk), ref_inv_freq(cfg)
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
+        base = theta ** (-np.arange(0, dk, 2) / dk)
+        ratio = got / base
+        assert np.any(ratio == 1.0) and np.any(np.isclose(ratio, 1 / 8, rtol=1e-14))
+        assert np.any((ratio < 1.0) & (ratio > 1 / 8)), ratio  # the smoothed band
+    with pytest.raises(ValueError, match="needs factor"):
+        RoPE(rope_type="llama3")
+    with pytest.raises(ValueError, match="rope_type must be one of"):
+        RoPE(rope_type="yarn")
+
+
+def test_lm_embeddings_and_heads():
+    """BERT-style embeddings (word + position + token type), a tied head, no head."""
+    base = BASE | dict(n_layers=1, vocab_size=9)
+    tokens = jnp.array([[0, 3, 8, 2], [1, 1, 5, 0]])
+    types = jnp.array([[0, 0, 1, 1], [0, 1, 1, 1]])
+
+    bert = TransformerLM(
+        TransformerConfig(**(base | dict(n_positions=6, type_vocab_size=2, lm_head=False))),
+        rngs=nnx.Rngs(0),
+    )
+    e = {k: np.asarray(v) for k, v in embedding_params(bert).items()}
+    assert set(e) == {"embed", "pos_embed", "type_embed"}
+    expect = e["embed"][tokens] + e["pos_embed"][np.arange(4)] + e["type_embed"][types]
+    np.testing.assert_allclose(bert.embeddings(tokens, types), expect, rtol=TOL, atol=TOL)
+    out = np.asarray(bert(tokens, token_types=types))
+    np.testing.assert_allclose(out, bert.transformer(jnp.asarray(expect)), rtol=TOL, atol=TOL)
+    no_types = e["embed"][tokens] + e["pos_embed"][np.arange(4)] + e["type_embed"][0]
+    np.testing.assert_allclose(bert.embeddings(tokens), no_types, rtol=TOL, atol=TOL)
+
+    tied = TransformerLM(
+        TransformerConfig(**(base | dict(tie_embeddings=True, norm_position="pre"))),
+        rngs=nnx.Rngs(1),
+    )
+    assert set(embedding_params(tied)) == {"embed"}
+    hidden = np.asarray(tied.transformer(tied.embeddings(tokens)))
+    np.testing.assert_allclose(
+        tied(tokens), hidden @ np.asarray(tied.embed[...]).T, rtol=TOL, atol=TOL
+    )
+    with pytest.raises(KeyError, match="unexpected"):
+        set_embedding_params(tied, {"embed": tied.embed[...], "unembed": tied.embed[...].T})

@@ -4,7 +4,7 @@ Nothing here knows about spheres, flows or vMF kernels; the correspondence with 
 made elsewhere, through the parameter accessors of ``svflow_jax.transformer.params``.
 """
 
-from svflow_jax.transformer.config import TransformerConfig
+from svflow_jax.transformer.config import RoPE, TransformerConfig
 from svflow_jax.transformer.model import (
     FFN,
     Attention,
@@ -13,17 +13,21 @@ from svflow_jax.transformer.model import (
     Norm,
     Transformer,
     TransformerLM,
+    apply_rope,
     tangent_project,
 )
 from svflow_jax.transformer.params import (
+    embedding_params,
     layer_params,
     outer_norm_params,
+    set_embedding_params,
     set_layer_params,
     set_outer_norm_params,
 )
 
 __all__ = [
     "TransformerConfig",
+    "RoPE",
     "Norm",
     "Attention",
     "FFN",
@@ -32,8 +36,11 @@ __all__ = [
     "Transformer",
     "TransformerLM",
     "tangent_project",
+    "apply_rope",
     "layer_params",
     "set_layer_params",
     "outer_norm_params",
     "set_outer_norm_params",
+    "embedding_params",
+    "set_embedding_params",
 ]

@@ -11,7 +11,15 @@ Decisions worth knowing
   first (as BERT does after the embeddings) and ends on a Norm anyway, so the flag is ignored.
 * The MoE fields (``n_experts``, ``top_k``) must be set for ``ffn="moe"`` and left ``None``
   otherwise, so that a forgotten ``ffn="moe"`` is an error rather than a silent dense FFN.
-* ``rope`` is a hook: it must be ``None`` until rotary embeddings are implemented.
+* ``rope`` is ``None`` (no position information inside the stack) or a :class:`RoPE`: rotary
+  position embeddings in the Llama/Qwen convention (rotate-half on the head dimension).
+* Biases: ``use_bias`` switches every bias on (Q/K/V/O, FFN, LayerNorm); ``qkv_bias``,
+  ``out_bias``, ``ffn_bias`` and ``norm_bias`` override it per group when not ``None`` (Qwen2:
+  ``qkv_bias=True`` alone). ``any_bias`` says whether the stack has any bias at all.
+* ``qk_norm``: a per-head RMSNorm (with gains, epsilon ``norm_eps``) of the queries and keys,
+  before RoPE (Qwen3).
+* The embedding fields (``vocab_size``, ``n_positions``, ``type_vocab_size``,
+  ``tie_embeddings``, ``lm_head``) only concern ``TransformerLM``; the stack ignores them.
 * ``init_std``: every weight matrix (Q/K/V/O, FFN, router, expert weights, embeddings) is drawn
   from ``N(0, init_std^2)`` (nanoGPT/GPT-2 style, default 0.02); biases start at 0, gains at 1.
 """
@@ -23,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import jax.numpy as jnp
+import numpy as np
 
-__all__ = ["TransformerConfig"]
+__all__ = ["TransformerConfig", "RoPE"]
 
 NormPosition = Literal["post", "pre"]
 BlockKind = Literal["sequential", "parallel", "macaron"]
@@ -32,7 +41,81 @@ NormKind = Literal["rms", "layer"]
 FFNKind = Literal["gelu", "swiglu", "moe"]
 ExpertFFNKind = Literal["gelu", "swiglu"]
 
+RopeType = Literal["default", "llama3"]
+
 _SUBSTEPS = {"sequential": 2, "parallel": 1, "macaron": 3}
+
+
+@dataclass(frozen=True)
+class RoPE:
+    """Rotary position embeddings, Llama/Qwen convention ("rotate half").
+
+    Head dimension ``dk`` (even) is split into halves; coordinate ``i < dk/2`` and ``i + dk/2``
+    form a pair rotated by the angle ``position * inv_freq[i]``, with
+    ``inv_freq[i] = theta^(-2i/dk)`` (``rope_type="default"``). ``rope_type="llama3"`` rescales
+    these frequencies as Llama 3.1 does (``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``): wavelengths ``2 pi / inv_freq`` shorter than
+    ``original / high_freq_factor`` are kept, those longer than ``original / low_freq_factor``
+    are divided by ``factor``, and those in between interpolate smoothly.
+    ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor), if given, divides the frequencies
+    afterwards, one factor per pair.
+    """
+
+    theta: float = 10000.0
+    rope_type: RopeType = "default"
+    factor: float | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    freq_factors: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.theta) or not self.theta > 0:
+            raise ValueError(f"rope theta must be a float > 0, got {self.theta!r}")
+        _check_choice("rope_type", self.rope_type, ("default", "llama3"))
+        llama3 = ("factor", "low_freq_factor", "high_freq_factor")
+        if self.rope_type == "llama3":
+            for name in llama3:
+                value = getattr(self, name)
+                if not _is_real(value) or not value > 0:
+                    raise ValueError(f"rope_type='llama3' needs {name} > 0, got {value!r}")
+            _check_positive_int(
+                "original_max_position_embeddings", self.original_max_position_embeddings
+            )
+            if not self.high_freq_factor > self.low_freq_factor:
+                raise ValueError(
+                    f"rope high_freq_factor={self.high_freq_factor} must exceed "
+                    f"low_freq_factor={self.low_freq_factor}"
+                )
+        elif any(
+            getattr(self, n) is not None for n in (*llama3, "original_max_position_embeddings")
+        ):
+            raise ValueError(
+                "factor/low_freq_factor/... are llama3 settings; set rope_type='llama3'"
+            )
+        if self.freq_factors is not None:
+            object.__setattr__(self, "freq_factors", tuple(float(f) for f in self.freq_factors))
+
+    def inv_freq(self, d_head: int) -> np.ndarray:
+        """The ``d_head // 2`` angular frequencies (float64 NumPy, computed once per config)."""
+        inv = self.theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+        if self.rope_type == "llama3":
+            factor, lo, hi = self.factor, self.low_freq_factor, self.high_freq_factor
+            old = self.original_max_position_embeddings
+            wavelen = 2 * math.pi / inv
+            scaled = np.where(wavelen > old / lo, inv / factor, inv)
+            smooth = (old / wavelen - lo) / (hi - lo)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+            inv = np.where(medium, smoothed, scaled)
+        if self.freq_factors is not None:
+            if len(self.freq_factors) != d_head // 2:
+                raise ValueError(
+                    f"rope freq_factors has {len(self.freq_factors)} entries, need d_head/2 = "
+                    f"{d_head // 2}"
+                )
+            inv = inv / np.asarray(self.freq_factors, np.float64)
+        return inv
 
 
 @dataclass(frozen=True)
@@ -63,9 +146,20 @@ class TransformerConfig:
         top_k: MoE only: number of experts each token is routed to.
         expert_ffn: MoE only: the FFN each expert is (``"gelu"`` or ``"swiglu"``).
         use_bias: biases on Q/K/V/O, the FFN/expert matrices and LayerNorm (never on the router,
-            never on RMSNorm).
-        rope: hook for rotary position embeddings; must be ``None`` for now.
-        vocab_size: only used by ``TransformerLM``.
+            never on RMSNorm); the default of the four overrides below.
+        qkv_bias: biases on Q, K and V (``None``: ``use_bias``).
+        out_bias: bias on the attention output O (``None``: ``use_bias``).
+        ffn_bias: biases of the FFN/expert matrices (``None``: ``use_bias``).
+        norm_bias: LayerNorm bias (``None``: ``use_bias``; must not be ``True`` with RMSNorm).
+        qk_norm: per-head RMSNorm of queries and keys, with gains ``(d_head,)``, before RoPE.
+        rope: ``None`` or a :class:`RoPE` (rotary position embeddings on queries and keys).
+        vocab_size: ``TransformerLM`` only: token vocabulary.
+        n_positions: ``TransformerLM`` only: learned absolute position embeddings (BERT) of this
+            many positions; ``None``: none.
+        type_vocab_size: ``TransformerLM`` only: token-type (segment) embeddings (BERT).
+        tie_embeddings: ``TransformerLM`` only: logits use the token embedding transposed.
+        lm_head: ``TransformerLM`` only: produce logits; ``False``: the final hidden states
+            (an encoder such as BERT's ``BertModel``).
         dtype: computation dtype; ``None`` promotes the input with ``param_dtype``.
         param_dtype: dtype the parameters are stored in.
         init_std: standard deviation of the normal initialiser of every weight matrix.
@@ -91,8 +185,17 @@ class TransformerConfig:
     top_k: int | None = None
     expert_ffn: ExpertFFNKind = "gelu"
     use_bias: bool = False
-    rope: None = None
+    qkv_bias: bool | None = None
+    out_bias: bool | None = None
+    ffn_bias: bool | None = None
+    norm_bias: bool | None = None
+    qk_norm: bool = False
+    rope: RoPE | None = None
     vocab_size: int | None = None
+    n_positions: int | None = None
+    type_vocab_size: int | None = None
+    tie_embeddings: bool = False
+    lm_head: bool = True
     dtype: Any = None
     param_dtype: Any = jnp.float32
     init_std: float = 0.02
@@ -134,11 +237,22 @@ class TransformerConfig:
         if not _is_real(self.init_std) or not self.init_std >= 0:
             raise ValueError(f"init_std must be a float >= 0, got {self.init_std!r}")
         if self.rope is not None:
-            raise NotImplementedError(
-                "rope is a hook for rotary embeddings and is not implemented yet; use rope=None"
-            )
-        if self.vocab_size is not None:
-            _check_positive_int("vocab_size", self.vocab_size)
+            if not isinstance(self.rope, RoPE):
+                raise ValueError(f"rope must be None or a RoPE, got {self.rope!r}")
+            if self.d_head % 2:
+                raise ValueError(f"rope needs an even d_head, got {self.d_head}")
+            self.rope.inv_freq(self.d_head)  # validates freq_factors against d_head
+        for name in ("use_bias", "qk_norm", "tie_embeddings", "lm_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("qkv_bias", "out_bias", "ffn_bias", "norm_bias"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                raise ValueError(f"{name} must be None or a bool, got {getattr(self, name)!r}")
+        if self.norm == "rms" and self.norm_bias:
+            raise ValueError("norm_bias=True needs norm='layer' (RMSNorm has no bias)")
+        for name in ("vocab_size", "n_positions", "type_vocab_size"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
         for name in ("dtype", "param_dtype"):
             value = getattr(self, name)
             if value is None and name == "dtype":
@@ -154,6 +268,34 @@ class TransformerConfig:
     def kv_heads(self) -> int:
         """Number of key/value heads actually used (``n_kv_heads`` or ``n_heads``)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def _bias(self, override: bool | None) -> bool:
+        return self.use_bias if override is None else override
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether Q, K and V have biases."""
+        return self._bias(self.qkv_bias)
+
+    @property
+    def has_out_bias(self) -> bool:
+        """Whether the attention output O has a bias."""
+        return self._bias(self.out_bias)
+
+    @property
+    def has_ffn_bias(self) -> bool:
+        """Whether the FFN (expert) matrices have biases."""
+        return self._bias(self.ffn_bias)
+
+    @property
+    def has_norm_bias(self) -> bool:
+        """Whether the Norms have a bias (LayerNorm only)."""
+        return self.norm == "layer" and self._bias(self.norm_bias)
+
+    @property
+    def any_bias(self) -> bool:
+        """Whether the stack has any bias (attention, FFN or Norm)."""
+        return self.has_qkv_bias or self.has_out_bias or self.has_ffn_bias or self.has_norm_bias
 
     @property
     def n_substeps(self) -> int:

@@ -17,6 +17,18 @@ with ``h = config.residual_scale``. The two macaron halves share the FFN weights
 Norm, so a macaron layer is a Strang splitting. The stack is ``Norm -> layers`` (post-norm) or
 ``layers -> Norm`` (pre-norm, if ``final_norm``).
 
+Real checkpoints map onto this as follows. Llama/Qwen: pre-norm, sequential, RMSNorm, SwiGLU,
+causal, RoPE (Qwen2 adds Q/K/V biases, Qwen3 a per-head RMSNorm of queries and keys), then the
+final Norm and the LM head. BERT: ``TransformerLM`` sums word, position and token-type
+embeddings, the post-norm stack's input Norm is the embedding LayerNorm, and every layer is
+``x = LN(x + attn(x)); x = LN(x + ffn(x))`` with exact-erf GELU and biases everywhere.
+
+Batches of unequal lengths: ``mask`` is a ``(..., n)`` boolean array, ``True`` on valid tokens.
+Padded keys receive exactly zero attention (combined with the causal mask when ``causal``);
+outputs at padded positions are meaningless and should be ignored. ``positions`` (``(..., n)``
+or ``(n,)`` integers, default ``0..n-1``) are the RoPE / learned-position indices; pass them
+for left padding.
+
 The ``L`` layers have separate weights stored stacked along a leading axis (``nnx.vmap`` at
 construction) and are applied with ``nnx.scan``, so tracing and compile time do not grow with
 depth.
@@ -43,6 +55,7 @@ __all__ = [
     "Transformer",
     "TransformerLM",
     "tangent_project",
+    "apply_rope",
 ]
 
 
@@ -94,7 +107,7 @@ class Norm(nnx.Module):
         self.eps = config.norm_eps
         d = config.d_model
         self.gain = _ones(config, (d,)) if config.norm_gain else None
-        self.bias = _zeros(config, (d,)) if config.norm == "layer" and config.use_bias else None
+        self.bias = _zeros(config, (d,)) if config.has_norm_bias else None
 
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
         if self.kind == "layer":
@@ -109,6 +122,30 @@ class Norm(nnx.Module):
 
 
 # --------------------------------------------------------------------------------------------
+# Rotary position embeddings
+# --------------------------------------------------------------------------------------------
+
+
+def apply_rope(
+    x: Float[Array, "... n h k"], positions: Array, inv_freq: Array
+) -> Float[Array, "... n h k"]:
+    """Rotate-half RoPE: the pair ``(x_i, x_{i+k/2})`` is rotated by ``positions * inv_freq[i]``.
+
+    ``positions`` broadcasts against the leading axes ``(..., n)`` of ``x``; ``inv_freq`` has
+    ``k // 2`` entries (see :meth:`RoPE.inv_freq`).
+    """
+    half = x.shape[-1] // 2
+    angles = jnp.asarray(positions)[..., None].astype(x.dtype) * jnp.asarray(inv_freq, x.dtype)
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., n, 1, k/2)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _rms(x: Array, eps: float) -> Array:
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+# --------------------------------------------------------------------------------------------
 # Attention
 # --------------------------------------------------------------------------------------------
 
@@ -120,30 +157,45 @@ class Attention(nnx.Module):
     ``q_h = x W_Q[:, h]``, ``k_g = x W_K[:, g]``, ``v_g = x W_V[:, g]`` and ``g = h // (H/Hkv)``.
 
     Parameters: ``wq (d, H, dk)``, ``wk (d, Hkv, dk)``, ``wv (d, Hkv, dk)``, ``wo (H, dk, d)``;
-    with ``use_bias`` also ``bq (H, dk)``, ``bk (Hkv, dk)``, ``bv (Hkv, dk)``, ``bo (d,)``.
+    with ``has_qkv_bias`` also ``bq (H, dk)``, ``bk (Hkv, dk)``, ``bv (Hkv, dk)``; with
+    ``has_out_bias`` ``bo (d,)``; with ``qk_norm`` the gains ``q_norm_gain``, ``k_norm_gain
+    (dk,)``. Order: projections, biases, per-head RMSNorm (``qk_norm``), RoPE (``rope``).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         d, H, G, k = config.d_model, config.n_heads, config.kv_heads, config.d_head
         self.n_heads, self.n_kv_heads, self.d_head = H, G, k
         self.causal = config.causal
+        self.rope = config.rope
+        self.eps = config.norm_eps
         self.wq = _param(rngs, config, (d, H, k))
         self.wk = _param(rngs, config, (d, G, k))
         self.wv = _param(rngs, config, (d, G, k))
         self.wo = _param(rngs, config, (H, k, d))
-        self.bq = _zeros(config, (H, k)) if config.use_bias else None
-        self.bk = _zeros(config, (G, k)) if config.use_bias else None
-        self.bv = _zeros(config, (G, k)) if config.use_bias else None
-        self.bo = _zeros(config, (d,)) if config.use_bias else None
+        qkv_bias = config.has_qkv_bias
+        self.bq = _zeros(config, (H, k)) if qkv_bias else None
+        self.bk = _zeros(config, (G, k)) if qkv_bias else None
+        self.bv = _zeros(config, (G, k)) if qkv_bias else None
+        self.bo = _zeros(config, (d,)) if config.has_out_bias else None
+        self.q_norm_gain = _ones(config, (k,)) if config.qk_norm else None
+        self.k_norm_gain = _ones(config, (k,)) if config.qk_norm else None
 
-    def _qkv(self, x: Float[Array, "... n d"]) -> tuple[Array, Array, Array]:
+    def _qkv(
+        self, x: Float[Array, "... n d"], positions: Array | None = None
+    ) -> tuple[Array, Array, Array]:
         q = jnp.einsum("...nd,dhk->...nhk", x, _get(self.wq, x))
         k = jnp.einsum("...nd,dgk->...ngk", x, _get(self.wk, x))
         v = jnp.einsum("...nd,dgk->...ngk", x, _get(self.wv, x))
         if self.bq is not None:
             q, k, v = q + _get(self.bq, x), k + _get(self.bk, x), v + _get(self.bv, x)
-        # RoPE hook: rotary embeddings would rotate q and k here, per position, before the
-        # scores (config.rope is validated to be None until that exists).
+        if self.q_norm_gain is not None:  # Qwen3: per-head RMSNorm, before the rotation
+            q = _rms(q, self.eps) * _get(self.q_norm_gain, q)
+            k = _rms(k, self.eps) * _get(self.k_norm_gain, k)
+        if self.rope is not None:
+            if positions is None:
+                positions = jnp.arange(x.shape[-2])
+            inv_freq = self.rope.inv_freq(self.d_head)  # a NumPy constant, fixed by the config
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         # Grouped-query attention: query head h reads key/value head h // (H // Hkv), so each
         # key/value head is repeated for its group (Llama's repeat_kv) and the einsums below are
         # plain multi-head ones. (A separate group axis, of size 1 without GQA, made XLA
@@ -154,26 +206,35 @@ class Attention(nnx.Module):
             k, v = jnp.repeat(k, group, axis=-2), jnp.repeat(v, group, axis=-2)
         return q, k, v
 
-    def _probs(self, q: Array, k: Array) -> Float[Array, "... h q s"]:
+    def _probs(self, q: Array, k: Array, mask: Array | None = None) -> Float[Array, "... h q s"]:
         scores = jnp.einsum("...qhk,...shk->...hqs", q, k) / math.sqrt(self.d_head)
+        allowed = None
         if self.causal:
             n = scores.shape[-1]
             allowed = jnp.tril(jnp.ones((n, n), dtype=bool))
+        if mask is not None:  # (..., n) valid tokens -> keys (..., 1, 1, n)
+            keys = jnp.asarray(mask, bool)[..., None, None, :]
+            allowed = keys if allowed is None else allowed & keys
+        if allowed is not None:
             # The most negative finite number, not -inf: exp underflows to an exact 0 for the
-            # masked keys, and a fully masked row (possible with future padding masks) gives a
+            # masked keys, and a fully masked row (a padded query with causal masking) gives a
             # uniform row instead of 0/0 = NaN.
             scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
         return jax.nn.softmax(scores, axis=-1)
 
-    def attention_weights(self, x: Float[Array, "... n d"]) -> Float[Array, "... H n n"]:
+    def attention_weights(
+        self, x: Float[Array, "... n d"], mask: Array | None = None, positions: Array | None = None
+    ) -> Float[Array, "... H n n"]:
         """The softmax matrices, one per query head: ``[..., h, i, j]`` = weight of key j for
         query i."""
-        q, k, _ = self._qkv(x)
-        return self._probs(q, k)
+        q, k, _ = self._qkv(x, positions)
+        return self._probs(q, k, mask)
 
-    def __call__(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
-        q, k, v = self._qkv(x)
-        o = jnp.einsum("...hqs,...shk->...qhk", self._probs(q, k), v)
+    def __call__(
+        self, x: Float[Array, "... n d"], mask: Array | None = None, positions: Array | None = None
+    ) -> Float[Array, "... n d"]:
+        q, k, v = self._qkv(x, positions)
+        o = jnp.einsum("...hqs,...shk->...qhk", self._probs(q, k, mask), v)
         out = jnp.einsum("...nhk,hkd->...nd", o, _get(self.wo, x))
         if self.bo is not None:
             out = out + _get(self.bo, x)
@@ -196,8 +257,8 @@ class FFN(nnx.Module):
     call returns all expert outputs ``(..., E, d)``; ``MoE`` mixes them.
 
     Parameters (gelu): ``w_in (d, f)``, ``w_out (f, d)`` [``b_in (f,)``, ``b_out (d,)``];
-    (swiglu): ``w_gate``, ``w_up (d, f)``, ``w_down (f, d)`` [``b_gate``, ``b_up (f,)``,
-    ``b_down (d,)``].
+    (swiglu, the dense Llama MLP ``down(silu(gate(x)) * up(x))``): ``w_gate``, ``w_up (d, f)``,
+    ``w_down (f, d)`` [``b_gate``, ``b_up (f,)``, ``b_down (d,)``]; biases iff ``has_ffn_bias``.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, n_experts: int | None = None):
@@ -205,7 +266,7 @@ class FFN(nnx.Module):
         self.experts = n_experts is not None
         E = () if n_experts is None else (n_experts,)
         d, f = config.d_model, config.d_ff
-        bias = config.use_bias
+        bias = config.has_ffn_bias
         if self.kind == "gelu":
             self.w_in = _param(rngs, config, (*E, d, f))
             self.w_out = _param(rngs, config, (*E, f, d))
@@ -289,10 +350,16 @@ class Block(nnx.Module):
             self.norm_attn = Norm(config)
             self.norm_ffn = Norm(config)
 
-    def branch(self, name: str, z: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
+    def branch(
+        self,
+        name: str,
+        z: Float[Array, "... n d"],
+        mask: Array | None = None,
+        positions: Array | None = None,
+    ) -> Float[Array, "... n d"]:
         """Branch ``"attn"`` or ``"ffn"`` at branch input ``z``, tangent-projected at ``z`` if
         ``project_branches`` (this is the increment before the factor ``h``)."""
-        u = self.attn(z) if name == "attn" else self.ffn(z)
+        u = self.attn(z, mask, positions) if name == "attn" else self.ffn(z)
         return tangent_project(z, u) if self.config.project_branches else u
 
     def _substeps(self) -> list[tuple[Norm, tuple[str, ...], float]]:
@@ -305,23 +372,33 @@ class Block(nnx.Module):
             return [attn, (self.norm_ffn, ("ffn",), h)]
         return [ffn, attn, ffn]  # macaron: Strang splitting F(h/2) A(h) F(h/2)
 
-    def states(self, x: Float[Array, "... n d"]) -> list[Float[Array, "... n d"]]:
+    def states(
+        self,
+        x: Float[Array, "... n d"],
+        mask: Array | None = None,
+        positions: Array | None = None,
+    ) -> list[Float[Array, "... n d"]]:
         """The residual stream after each sub-step (the last one is the layer output)."""
         post = self.config.norm_position == "post"
         out = []
         for norm, names, step in self._substeps():
             z = x if post else norm(x)
-            u = self.branch(names[0], z)
+            u = self.branch(names[0], z, mask, positions)
             for name in names[1:]:
-                u = u + self.branch(name, z)
+                u = u + self.branch(name, z, mask, positions)
             x = x + step * u
             if post:
                 x = norm(x)
             out.append(x)
         return out
 
-    def __call__(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
-        return self.states(x)[-1]
+    def __call__(
+        self,
+        x: Float[Array, "... n d"],
+        mask: Array | None = None,
+        positions: Array | None = None,
+    ) -> Float[Array, "... n d"]:
+        return self.states(x, mask, positions)[-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,20 +463,39 @@ class Transformer(nnx.Module):
         x = jnp.asarray(x, dtype)
         return self.input_norm(x) if self.input_norm is not None else x
 
-    def _scan(self, x: Array, collect: Callable[[list[Array]], Array] | None):
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
-        def step(x: Array, layer: Block) -> tuple[Array, Array | None]:
-            states = layer.states(x)
+    def _scan(
+        self,
+        x: Array,
+        collect: Callable[[list[Array]], Array] | None,
+        mask: Array | None = None,
+        positions: Array | None = None,
+    ):
+        # mask and positions are the same for every layer: broadcast (in_axes None), not scanned.
+        @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=(nnx.Carry, 0))
+        def step(x: Array, layer: Block, mask, positions) -> tuple[Array, Array | None]:
+            states = layer.states(x, mask, positions)
             return states[-1], (None if collect is None else collect(states))
 
-        return step(x, self.layers)
+        return step(x, self.layers, mask, positions)
 
-    def __call__(self, x: Float[Array, "... n d"]) -> Float[Array, "... n d"]:
-        x, _ = self._scan(self._input(x), None)
+    def __call__(
+        self,
+        x: Float[Array, "... n d"],
+        mask: Array | None = None,
+        positions: Array | None = None,
+    ) -> Float[Array, "... n d"]:
+        """The stack's output. ``mask``: ``(..., n)`` booleans, ``True`` on valid tokens;
+        ``positions``: RoPE positions (default ``0..n-1``)."""
+        x, _ = self._scan(self._input(x), None, mask, positions)
         return self.final_norm(x) if self.final_norm is not None else x
 
     def hidden_states(
-        self, x: Float[Array, "... n d"], *, substeps: bool = False
+        self,
+        x: Float[Array, "... n d"],
+        *,
+        substeps: bool = False,
+        mask: Array | None = None,
+        positions: Array | None = None,
     ) -> Float[Array, "m ... n d"]:
         """The residual stream entering layer 1 (after the input Norm in post-norm), then after
         every layer: shape ``(L + 1, ..., n, d)``. With ``substeps=True``, after every residual
@@ -407,27 +503,84 @@ class Transformer(nnx.Module):
         final Norm is not applied (it is not a layer)."""
         x0 = self._input(x)
         if substeps:
-            _, ys = self._scan(x0, jnp.stack)  # (L, S, ..., n, d)
+            _, ys = self._scan(x0, jnp.stack, mask, positions)  # (L, S, ..., n, d)
             ys = ys.reshape(-1, *ys.shape[2:])
         else:
-            _, ys = self._scan(x0, lambda states: states[-1])
+            _, ys = self._scan(x0, lambda states: states[-1], mask, positions)
         return jnp.concatenate([x0[None], ys], axis=0)
 
 
 class TransformerLM(nnx.Module):
-    """Token embedding (``embed (V, d)``) -> ``Transformer`` -> logits (``unembed (d, V)``).
+    """Embeddings -> ``Transformer`` -> logits (or the final hidden states).
 
-    No position embedding: causal masking is the only source of order until RoPE lands.
+    Embeddings: ``embed (V, d)`` indexed by the tokens, plus ``pos_embed (P, d)`` indexed by the
+    positions (``n_positions``, learned absolute positions as in BERT) and ``type_embed (T, d)``
+    indexed by the token types (``type_vocab_size``; absent types read row 0, as in BERT).
+    Head (``lm_head``): ``unembed (d, V)``, or ``embed`` transposed with ``tie_embeddings``.
+    Without ``lm_head`` the call returns the stack's output ``(..., n, d)``.
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         if config.vocab_size is None:
             raise ValueError("TransformerLM needs config.vocab_size")
-        self.embed = _param(rngs, config, (config.vocab_size, config.d_model))
+        self.config = config
+        d = config.d_model
+        self.embed = _param(rngs, config, (config.vocab_size, d))
+        positions, types = config.n_positions, config.type_vocab_size
+        self.pos_embed = _param(rngs, config, (positions, d)) if positions else None
+        self.type_embed = _param(rngs, config, (types, d)) if types else None
         self.transformer = Transformer(config, rngs=rngs)
-        self.unembed = _param(rngs, config, (config.d_model, config.vocab_size))
+        separate_head = config.lm_head and not config.tie_embeddings
+        self.unembed = _param(rngs, config, (d, config.vocab_size)) if separate_head else None
 
-    def __call__(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n V"]:
+    def embeddings(
+        self,
+        tokens: Int[Array, "... n"],
+        token_types: Int[Array, "... n"] | None = None,
+        positions: Int[Array, "... n"] | None = None,
+    ) -> Float[Array, "... n d"]:
+        """The stack's input: sum of the token, position and token-type embeddings."""
         x = jnp.take(self.embed[...], tokens, axis=0)
-        x = self.transformer(x)
-        return jnp.einsum("...nd,dv->...nv", x, _get(self.unembed, x))
+        if self.pos_embed is not None:
+            pos = jnp.arange(x.shape[-2]) if positions is None else positions
+            x = x + jnp.take(self.pos_embed[...], pos, axis=0)
+        if self.type_embed is not None:
+            types = jnp.zeros_like(tokens) if token_types is None else token_types
+            x = x + jnp.take(self.type_embed[...], types, axis=0)
+        return x
+
+    def logits(self, x: Float[Array, "... n d"]) -> Float[Array, "... n V"]:
+        """The LM head applied to (final-normed) hidden states."""
+        if self.unembed is not None:
+            return jnp.einsum("...nd,dv->...nv", x, _get(self.unembed, x))
+        if not self.config.lm_head:
+            raise ValueError("this TransformerLM has no LM head (config.lm_head=False)")
+        return jnp.einsum("...nd,vd->...nv", x, _get(self.embed, x))
+
+    def __call__(
+        self,
+        tokens: Int[Array, "... n"],
+        *,
+        mask: Array | None = None,
+        token_types: Int[Array, "... n"] | None = None,
+        positions: Int[Array, "... n"] | None = None,
+    ) -> Float[Array, "... n V"]:
+        """Logits ``(..., n, V)`` (or final hidden states ``(..., n, d)`` without ``lm_head``);
+        ``mask``: ``(..., n)`` booleans, ``True`` on valid tokens."""
+        x = self.transformer(self.embeddings(tokens, token_types, positions), mask, positions)
+        return self.logits(x) if self.config.lm_head else x
+
+    def hidden_states(
+        self,
+        tokens: Int[Array, "... n"],
+        *,
+        mask: Array | None = None,
+        token_types: Int[Array, "... n"] | None = None,
+        positions: Int[Array, "... n"] | None = None,
+        substeps: bool = False,
+    ) -> Float[Array, "m ... n d"]:
+        """``Transformer.hidden_states`` of the embedded tokens (no final Norm)."""
+        x = self.embeddings(tokens, token_types, positions)
+        return self.transformer.hidden_states(
+            x, substeps=substeps, mask=mask, positions=positions
+        )

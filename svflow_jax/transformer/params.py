@@ -10,15 +10,17 @@ name               shape                   role
 wq                 (L, d, H, dk)           queries  ``q_h = x wq[:, h]``
 wk, wv             (L, d, Hkv, dk)         keys, values (head ``h`` reads ``h // (H/Hkv)``)
 wo                 (L, H, dk, d)           output   ``sum_h o_h wo[h]``
-[bq]               (L, H, dk)              use_bias
-[bk, bv]           (L, Hkv, dk)            use_bias
-[bo]               (L, d)                  use_bias
+[bq]               (L, H, dk)              has_qkv_bias
+[bk, bv]           (L, Hkv, dk)            has_qkv_bias
+[bo]               (L, d)                  has_out_bias
+[q_norm_gain,      (L, dk)                 qk_norm (per-head RMSNorm of queries and keys)
+ k_norm_gain]
 w_in, w_out        (L, d, f), (L, f, d)    ffn="gelu":   ``w_out^T gelu(w_in^T x)``
 w_gate, w_up       (L, d, f)               ffn="swiglu": ``w_down^T (silu(w_gate^T x) * ...``
 w_down             (L, f, d)               ...``w_up^T x)``
-[b_in, b_gate,     (L, f)                  use_bias
+[b_in, b_gate,     (L, f)                  has_ffn_bias
  b_up]
-[b_out, b_down]    (L, d)                  use_bias
+[b_out, b_down]    (L, d)                  has_ffn_bias
 router             (L, d, E)               ffn="moe": logits ``x router`` (no bias)
 expert weights     (L, E, ...)             ffn="moe": the gelu/swiglu names above with an
                                            expert axis after L, e.g. w_in (L, E, d, f),
@@ -26,12 +28,16 @@ expert weights     (L, E, ...)             ffn="moe": the gelu/swiglu names abov
 [norm_attn_gain,   (L, d)                  norm_gain; sequential/macaron (macaron's two FFN
  norm_ffn_gain]                            halves share norm_ffn)
 [norm_gain]        (L, d)                  norm_gain; parallel (one Norm per layer)
-[..._bias]         (L, d)                  norm="layer" and use_bias: same names, ``_bias``
+[..._bias]         (L, d)                  has_norm_bias (LayerNorm): same names, ``_bias``
 =================  ======================  ==================================================
 
 ``outer_norm_params(model)`` returns the (unstacked, ``(d,)``) gain/bias of the stack's own
 Norm: ``input_norm_gain`` [``input_norm_bias``] (post-norm) or ``final_norm_gain``
 [``final_norm_bias``] (pre-norm with ``final_norm``); empty when that Norm has no parameters.
+
+``embedding_params(lm)`` returns the ``TransformerLM``'s own arrays: ``embed (V, d)``,
+[``pos_embed (P, d)``] (``n_positions``), [``type_embed (T, d)``] (``type_vocab_size``),
+[``unembed (d, V)``] (``lm_head`` and not ``tie_embeddings``).
 
 The setters check names, shapes and dtypes strictly (no silent casting) and store the given
 arrays as they are, so a get/set round trip is bit-identical.
@@ -45,9 +51,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array
 
-from svflow_jax.transformer.model import Transformer
+from svflow_jax.transformer.model import Transformer, TransformerLM
 
-__all__ = ["layer_params", "set_layer_params", "outer_norm_params", "set_outer_norm_params"]
+__all__ = [
+    "layer_params",
+    "set_layer_params",
+    "outer_norm_params",
+    "set_outer_norm_params",
+    "embedding_params",
+    "set_embedding_params",
+]
 
 
 def _name(path: tuple) -> str:
@@ -119,3 +132,20 @@ def outer_norm_params(model: Transformer) -> dict[str, Array]:
 def set_outer_norm_params(model: Transformer, params: Mapping[str, Array]) -> None:
     """Overwrite the outer Norm parameters in place (same names, shapes, dtypes)."""
     _set(_outer_vars(model), params, "outer_norm_params")
+
+
+_EMBEDDINGS = ("embed", "pos_embed", "type_embed", "unembed")
+
+
+def _embedding_vars(lm: TransformerLM) -> dict[str, nnx.Param]:
+    return {name: getattr(lm, name) for name in _EMBEDDINGS if getattr(lm, name) is not None}
+
+
+def embedding_params(lm: TransformerLM) -> dict[str, Array]:
+    """The embeddings and LM head of a ``TransformerLM`` (layout: module docstring)."""
+    return {name: var[...] for name, var in _embedding_vars(lm).items()}
+
+
+def set_embedding_params(lm: TransformerLM, params: Mapping[str, Array]) -> None:
+    """Overwrite the embeddings and LM head in place (same names, shapes, dtypes)."""
+    _set(_embedding_vars(lm), params, "embedding_params")

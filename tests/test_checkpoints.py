@@ -1,0 +1,493 @@
+"""Tests of ``svflow_jax.checkpoints``: real checkpoint formats against Hugging Face outputs.
+
+The golden files of ``tests/golden/`` were written by ``experiments/make_golden.py`` with
+Hugging Face transformers (eager attention, float32): tiny random Llama (GQA, tied; and
+llama3 RoPE scaling, separate head), Qwen2, Qwen3 and BERT models, a GGUF copy of the first,
+and every hidden state and the logits on a padded batch of two sequences of unequal lengths.
+
+Tolerance: 1e-5 in max absolute difference, on the valid (non-padded) positions, for every
+hidden state and the logits (the values are of order 1-10; both sides compute in float32, so
+~1e-6 is float32 rounding in a different summation order; a modelling difference such as a
+wrong RoPE pairing, a missing bias or gain, or a wrong mask shows up at O(0.1-1)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from svflow_jax.checkpoints import (
+    CheckpointError,
+    config_from_hf,
+    llama_cpp_unpermute,
+    load,
+    load_gguf,
+    load_hf,
+)
+from svflow_jax.transformer import embedding_params, layer_params, outer_norm_params
+
+GOLDEN = Path(__file__).parent / "golden"
+TOL = 1e-5
+FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
+GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
+
+_CACHE: dict[str, object] = {}
+
+
+def loaded(name: str):
+    """Each golden model is loaded once per test session."""
+    if name not in _CACHE:
+        _CACHE[name] = load_gguf(GGUF_PATH) if name == "gguf" else load_hf(GOLDEN / name)
+    return _CACHE[name]
+
+
+def golden(name: str) -> dict[str, np.ndarray]:
+    folder = "llama_gqa_tied" if name == "gguf" else name
+    with np.load(GOLDEN / folder / "golden.npz") as data:
+        return dict(data)
+
+
+def inputs(g: dict[str, np.ndarray]) -> dict:
+    kw = {"mask": jnp.asarray(g["attention_mask"].astype(bool))}
+    if "position_ids" in g:
+        kw["positions"] = jnp.asarray(g["position_ids"])
+    if "token_type_ids" in g:
+        kw["token_types"] = jnp.asarray(g["token_type_ids"])
+    return kw
+
+
+def our_outputs(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Hidden states in transformers' convention (a decoder's last one after the final Norm)
+    and the model's output (logits, or BERT's last hidden state)."""
+    model, config, _ = loaded(name)
+    g = golden(name)
+    ids, kw = jnp.asarray(g["input_ids"]), inputs(g)
+    states = np.array(model.hidden_states(ids, **kw))
+    if config.lm_head:
+        states[-1] = np.asarray(model.transformer.final_norm(jnp.asarray(states[-1])))
+    return states, np.asarray(model(ids, **kw))
+
+
+# ============================================================================================
+# Agreement with transformers
+# ============================================================================================
+
+
+@pytest.mark.parametrize("name", [*FAMILIES, "gguf"])
+def test_matches_transformers(name):
+    g = golden(name)
+    valid = g["attention_mask"].astype(bool)
+    assert not valid.all() and valid.any(axis=1).all()  # really a padded batch
+    states, out = our_outputs(name)
+    ref = g["hidden_states"]
+    assert states.shape == ref.shape
+    assert out.dtype == np.float32
+    errors = [float(np.max(np.abs(states[i][valid] - ref[i][valid]))) for i in range(len(ref))]
+    assert max(errors) < TOL, errors
+    if "logits" in g:
+        err = float(np.max(np.abs(out[valid] - g["logits"][valid])))
+        assert err < TOL, err
+    else:  # BERT: the model's output is the last hidden state
+        np.testing.assert_array_equal(out[valid], states[-1][valid])
+    # The layers do act (agreement of near-identity layers would prove little).
+    assert np.max(np.abs(ref[-1][valid] - ref[0][valid])) > 0.5
+
+
+@pytest.mark.parametrize("name", ["llama3_rope", "bert"])
+def test_padding_does_not_leak(name):
+    """The shorter sequence alone, unpadded, gives its batched valid outputs (left padding with
+    positions for llama3_rope, right padding and bidirectional attention for BERT)."""
+    model, _, _ = loaded(name)
+    g = golden(name)
+    valid = g["attention_mask"].astype(bool)
+    b = int(np.argmin(valid.sum(1)))
+    kw = inputs(g)
+    batched = np.asarray(model(jnp.asarray(g["input_ids"]), **kw))[b][valid[b]]
+    alone_kw = {k: v[b][valid[b]] for k, v in kw.items() if k != "mask"}
+    if "positions" in alone_kw:
+        alone_kw["positions"] = alone_kw["positions"] - alone_kw["positions"][0]
+    alone = np.asarray(model(jnp.asarray(g["input_ids"][b][valid[b]]), **alone_kw))
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=TOL)
+
+
+def test_configs():
+    llama, llama3, qwen2, qwen3, bert = (loaded(n).config for n in FAMILIES)
+    assert (llama.n_heads, llama.kv_heads, llama.tie_embeddings) == (4, 2, True)
+    assert llama3.rope.rope_type == "llama3" and llama3.rope.factor == 8.0
+    assert not llama3.tie_embeddings and llama3.kv_heads == 1
+    assert (qwen2.has_qkv_bias, qwen2.has_out_bias, qwen2.has_ffn_bias) == (True, False, False)
+    assert qwen3.qk_norm and qwen3.d_head == 16 and qwen3.d_model == 32
+    assert (bert.norm, bert.norm_position, bert.ffn) == ("layer", "post", "gelu")
+    assert not bert.causal
+    assert bert.n_positions == 64 and bert.type_vocab_size == 2 and not bert.lm_head
+    # A tied head has no separate matrix.
+    assert "unembed" not in embedding_params(loaded("llama_gqa_tied").model)
+    assert "unembed" in embedding_params(loaded("llama3_rope").model)
+
+
+# ============================================================================================
+# Tokenizers
+# ============================================================================================
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tokenizer_json_reproduces_golden_ids(name):
+    _, _, tok = loaded(name)
+    g = golden(name)
+    texts = ["The softmax is a kernel on the sphere.", "A tiny step."]
+    for b, text in enumerate(texts):
+        ids = tok.encode(text).ids
+        if name == "bert":  # [CLS] ... [SEP] were added by the golden script
+            ids = [tok.token_to_id("[CLS]"), *ids, tok.token_to_id("[SEP]")]
+        np.testing.assert_array_equal(g["input_ids"][b][g["attention_mask"][b].astype(bool)], ids)
+
+
+def test_gguf_tokenizer_matches_tokenizer_json():
+    """The BPE rebuilt from the GGUF metadata (vocabulary, merges, special tokens, SmolLM2's
+    digit-splitting byte-level pre-tokenizer) tokenizes like the original tokenizer.json."""
+    _, _, from_gguf = loaded("gguf")
+    _, _, original = loaded("llama_gqa_tied")
+    texts = [
+        "The softmax is a kernel on the sphere.",
+        "Padding 2024 tokens, 3.14 and  double  spaces\nnew line!",
+        "<|endoftext|>A rotary step<|pad|>",
+        "unseen wörds: ünïcödé, émojis 🙂",
+    ]
+    for text in texts:
+        assert from_gguf.encode(text).ids == original.encode(text).ids, text
+        ids = from_gguf.encode(text).ids
+        assert from_gguf.decode(ids, skip_special_tokens=False) == text
+    assert from_gguf.token_to_id("<|endoftext|>") == original.token_to_id("<|endoftext|>")
+
+
+# ============================================================================================
+# GGUF: Q/K un-permutation, identical weights, quantised tensors
+# ============================================================================================
+
+
+def llama_cpp_permute(weights, n_head, n_head_kv):
+    """Independent transcription of llama.cpp's convert_hf_to_gguf.py ``LlamaModel.permute``."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+@pytest.mark.parametrize(("n_head", "n_head_kv", "dk", "rest"), [
+    (4, 4, 8, (32,)), (4, 2, 8, (32,)), (6, 1, 4, (5,)), (3, 3, 16, ()),
+])
+def test_unpermute_inverts_llama_cpp_permute(n_head, n_head_kv, dk, rest):
+    rng = np.random.default_rng(0)
+    heads = n_head_kv  # K's rows: one block per key/value head (Q: n_head_kv == n_head)
+    w = rng.standard_normal((heads * dk, *rest))
+    permuted = llama_cpp_permute(w, n_head, n_head_kv)
+    assert not np.array_equal(permuted, w)
+    np.testing.assert_array_equal(llama_cpp_unpermute(permuted, heads), w)
+    # Explicitly: llama.cpp's row 2i (2i+1) of a head is our row i (i + dk/2), the
+    # rotate-half pairs becoming interleaved pairs.
+    for h in range(heads):
+        for i in range(dk // 2):
+            np.testing.assert_array_equal(permuted[h * dk + 2 * i], w[h * dk + i])
+            np.testing.assert_array_equal(permuted[h * dk + 2 * i + 1], w[h * dk + i + dk // 2])
+
+
+def test_gguf_weights_equal_safetensors_weights():
+    a, b = loaded("gguf").model, loaded("llama_gqa_tied").model
+    for get in (layer_params, outer_norm_params):
+        pa, pb = get(a.transformer), get(b.transformer)
+        assert set(pa) == set(pb)
+        for k in pa:
+            np.testing.assert_array_equal(np.asarray(pa[k]), np.asarray(pb[k]), err_msg=k)
+    np.testing.assert_array_equal(embedding_params(a)["embed"], embedding_params(b)["embed"])
+    # Same config, but for the epsilon, which GGUF stores in float32.
+    from_gguf, from_hf = loaded("gguf").config, loaded("llama_gqa_tied").config
+    assert from_gguf.norm_eps == float(np.float32(from_hf.norm_eps))
+    assert from_gguf == dataclasses.replace(from_hf, norm_eps=from_gguf.norm_eps)
+
+
+def _copy_gguf(path: Path, tensor_types: dict | None = None, drop: tuple = ()) -> None:
+    """Rewrites the golden GGUF, optionally with some tensors quantised (``{name: qtype}``) or
+    stored as raw bytes of an arbitrary type (``{name: (qtype, nbytes_per_row)}``)."""
+    reader = gguf.GGUFReader(str(GGUF_PATH))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, vtype)
+    for t in reader.tensors:
+        if t.name in drop:
+            continue
+        data = np.asarray(t.data).reshape(tuple(reversed(t.shape.tolist())))
+        qtype = (tensor_types or {}).get(t.name)
+        if qtype is None:
+            writer.add_tensor(t.name, data)
+        elif isinstance(qtype, tuple):
+            qtype, nbytes = qtype
+            raw = np.zeros((data.shape[0], nbytes), np.uint8)
+            writer.add_tensor(t.name, raw, raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_quantised_tensors_are_dequantised(tmp_path):
+    """Q8_0 weights load as gguf's dequantisation of them (un-permuted for Q and K)."""
+    path = tmp_path / "q8.gguf"
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    _copy_gguf(path, {"blk.0.attn_q.weight": q8, "blk.1.ffn_down.weight": q8})
+    model, config, _ = load_gguf(path)
+    reader = gguf.GGUFReader(str(GGUF_PATH))
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    expect_q = gguf.quants.dequantize(gguf.quants.quantize(tensors["blk.0.attn_q.weight"], q8), q8)
+    expect_q = llama_cpp_unpermute(expect_q, config.n_heads).T.reshape(32, 4, 8)
+    expect_down = gguf.quants.dequantize(
+        gguf.quants.quantize(tensors["blk.1.ffn_down.weight"], q8), q8
+    ).T
+    p = layer_params(model.transformer)
+    np.testing.assert_array_equal(np.asarray(p["wq"][0]), expect_q)
+    np.testing.assert_array_equal(np.asarray(p["w_down"][1]), expect_down)
+    assert 0 < np.max(np.abs(np.asarray(p["wq"][0]) - np.asarray(
+        layer_params(loaded("gguf").model.transformer)["wq"][0]))) < 0.05  # really quantised
+
+
+def test_gguf_unsupported_quantisation_type(tmp_path):
+    path = tmp_path / "q8_1.gguf"
+    q8_1 = gguf.GGMLQuantizationType.Q8_1
+    _copy_gguf(path, {"blk.0.attn_v.weight": (q8_1, 40)})  # one 32-wide Q8_1 block per row
+    with pytest.raises(CheckpointError, match=r"unsupported GGUF quantisation type.*"
+                       r"blk\.0\.attn_v\.weight: Q8_1"):
+        load_gguf(path)
+
+
+def test_gguf_missing_tensor(tmp_path):
+    path = tmp_path / "missing.gguf"
+    _copy_gguf(path, drop=("blk.1.ffn_up.weight",))
+    with pytest.raises(CheckpointError, match=r"missing tensors \['blk\.1\.ffn_up\.weight'\]"):
+        load(path)
+
+
+# ============================================================================================
+# Hugging Face folders: sharded, bfloat16, bad input
+# ============================================================================================
+
+
+def _copy_folder(tmp_path: Path, name: str) -> tuple[Path, dict[str, np.ndarray], dict]:
+    folder = tmp_path / name
+    shutil.copytree(GOLDEN / name, folder)
+    return folder, load_file(folder / "model.safetensors"), json.loads(
+        (folder / "config.json").read_text()
+    )
+
+
+def test_sharded_folder(tmp_path):
+    folder, tensors, _ = _copy_folder(tmp_path, "qwen2")
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({k: tensors[k] for k in part}, folder / file)
+    index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = load_hf(folder).model
+    a, b = layer_params(model.transformer), layer_params(loaded("qwen2").model.transformer)
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_bfloat16_checkpoint(tmp_path):
+    import ml_dtypes
+
+    folder, tensors, _ = _copy_folder(tmp_path, "qwen3")
+    # safetensors' NumPy API cannot write bfloat16: write the file by hand (same format).
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        raw = tensors[name].astype(ml_dtypes.bfloat16).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    (folder / "model.safetensors").write_bytes(
+        len(head).to_bytes(8, "little") + head + b"".join(blobs)
+    )
+    model = load_hf(folder).model
+    wq = np.asarray(layer_params(model.transformer)["wq"][1])
+    expect = tensors["model.layers.1.self_attn.q_proj.weight"].astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(wq, expect.astype(np.float32).T.reshape(32, 4, 16))
+
+
+def test_missing_tensor(tmp_path):
+    folder, tensors, _ = _copy_folder(tmp_path, "llama3_rope")
+    del tensors["model.layers.2.mlp.up_proj.weight"], tensors["lm_head.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing tensors \['lm_head\.weight', 'model\.layers\.2\.mlp\.up_proj\.weight'\]",
+    ):
+        load_hf(folder)
+
+
+def test_extra_tensor(tmp_path):
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(32, np.float32)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"unexpected \(extra\) tensors \['model\.layers\.0\.self_attn\.o_proj\.bias'\]",
+    ):
+        load_hf(folder)
+
+
+def test_tied_head_present_but_different(tmp_path):
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, folder / "model.safetensors")
+    load_hf(folder)  # a saved copy of the tied head is accepted...
+    tensors["lm_head.weight"][0, 0] += 1.0
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="lm_head.weight differs"):
+        load_hf(folder)  # ...a different one is not
+
+
+def test_shape_mismatch(tmp_path):
+    folder, tensors, _ = _copy_folder(tmp_path, "qwen3")
+    tensors["model.layers.1.self_attn.k_norm.weight"] = np.ones(8, np.float32)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"shape mismatch: model\.layers\.1\.self_attn\.k_norm\.weight: expected shape "
+        r"\(16,\), got \(8,\)",
+    ):
+        load_hf(folder)
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "match"),
+    [
+        ("llama_gqa_tied", {"model_type": "mistral"}, "unknown model_type 'mistral'"),
+        (
+            "llama3_rope",
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
+            "unsupported rope_type 'yarn'",
+        ),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 8}, "sliding-window"),
+        ("qwen3", {"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ("llama_gqa_tied", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ("bert", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
+        ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ("llama_gqa_tied", {"partial_rotary_factor": 0.5}, "partial"),
+    ],
+)
+def test_unsupported_config(tmp_path, name, edit, match):
+    folder, _, config = _copy_folder(tmp_path, name)
+    (folder / "config.json").write_text(json.dumps(config | edit))
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(folder)
+
+
+def test_rope_settings_in_old_and_new_places():
+    """rope_theta may sit at the top level (older transformers) with rope_scaling, or under
+    rope_parameters (recent); both read the same."""
+    new = json.loads((GOLDEN / "llama3_rope" / "config.json").read_text())
+    params = dict(new.pop("rope_parameters"))
+    theta = params.pop("rope_theta")
+    old = new | {"rope_theta": theta, "rope_scaling": params}
+    assert config_from_hf(old) == config_from_hf(new | {"rope_parameters": params | {
+        "rope_theta": theta}})
+    assert config_from_hf(old).rope.theta == 500000.0
+
+
+def test_not_a_folder():
+    with pytest.raises(CheckpointError, match="no such folder"):
+        load_hf(GOLDEN / "does-not-exist")
+
+
+def test_gguf_llama3_rope_freqs(tmp_path):
+    """A Llama 3.1-style GGUF: llama.cpp's converter stores the RoPE scaling as a
+    ``rope_freqs.weight`` tensor of per-frequency factors (transcribed below from
+    convert_hf_to_gguf.py); written here from the llama3_rope golden model, it must reproduce
+    transformers' outputs like the safetensors folder does."""
+    import math
+
+    folder = GOLDEN / "llama3_rope"
+    hf = json.loads((folder / "config.json").read_text())
+    sd = load_file(folder / "model.safetensors")
+    rp = hf["rope_parameters"]
+    H, G, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["hidden_size"]
+    dim = d // H
+    freqs = 1.0 / (rp["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old = rp["original_max_position_embeddings"]
+    lo, hi, factor = rp["low_freq_factor"], rp["high_freq_factor"], rp["factor"]
+    rope_factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / hi:
+            rope_factors.append(1)
+        elif wavelen > old / lo:
+            rope_factors.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+
+    path = tmp_path / "llama3.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(hf["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_block_count(hf["num_hidden_layers"])
+    w.add_feed_forward_length(hf["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(G)
+    w.add_rope_dimension_count(dim)
+    w.add_rope_freq_base(rp["rope_theta"])
+    w.add_layer_norm_rms_eps(hf["rms_norm_eps"])
+    w.add_vocab_size(hf["vocab_size"])
+    w.add_tensor("rope_freqs.weight", np.asarray(rope_factors, np.float32))
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    names = {"attn_norm": "input_layernorm", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w.add_tensor(f"blk.{i}.attn_q.weight",
+                     llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], H, H))
+        w.add_tensor(f"blk.{i}.attn_k.weight",
+                     llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], H, G))
+        for ours, theirs in names.items():
+            w.add_tensor(f"blk.{i}.{ours}.weight", sd[p + theirs + ".weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    model, config, tokenizer = load_gguf(path)
+    assert tokenizer is None and config.rope.freq_factors is not None
+    np.testing.assert_allclose(
+        config.rope.inv_freq(dim), loaded("llama3_rope").config.rope.inv_freq(dim), rtol=1e-6
+    )
+    g = golden("llama3_rope")
+    valid = g["attention_mask"].astype(bool)
+    logits = np.asarray(model(jnp.asarray(g["input_ids"]), **inputs(g)))
+    assert np.max(np.abs(logits[valid] - g["logits"][valid])) < TOL
