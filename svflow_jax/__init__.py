@@ -7,12 +7,16 @@ Where things live:
 * ``svflow_jax.flow``            SVFlow vector fields in probability words: attention as a
                                  vMF-kernel posterior (``flow/attention.py``), MoE/FFN as relaxed
                                  scores, time-dependent parameters.
-* ``svflow_jax.solvers``         diffrax solvers that stay on the sphere.
+* ``svflow_jax.solvers``         diffrax solvers that stay on the sphere, one family per module,
+                                 and the registry of layer designs (``solvers.registry``).
 * ``svflow_jax.transformer``     a standard Flax NNX Transformer, in deep-learning words.
 * ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
-* ``svflow_jax.claims``          measurements of the claim "a Transformer is an Euler step".
-* ``svflow_jax.verify``, ``report``, ``cli``   the ``svflow verify`` / ``svflow sweep`` command.
+* ``svflow_jax.claims``          every measured claim, one way: results, registry, references.
+* ``svflow_jax.verify``, ``report``, ``cli``   ``svflow verify`` / ``svflow sweep``: run the
+                                 claims, write the report, the command line.
 * ``svflow_jax.fitting``         convergence orders with 95% intervals.
+
+The mathematics, with the definitions the code chose, is in ``docs/theory.md``.
 """
 
 __version__ = "0.1.0"

@@ -42,8 +42,9 @@ from collections.abc import Mapping
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
-from diffrax import RESULTS, AbstractSolver, MultiTerm, ODETerm
+from diffrax import AbstractSolver, MultiTerm, ODETerm
 from jaxtyping import Array, Float
 
 from . import sphere
@@ -57,7 +58,7 @@ from .flow import (
     ScoreNetworks,
     SumField,
 )
-from .solvers import AbstractSphereSolver, LieTrotter, RetractedEuler, Strang, solve
+from .solvers import LieTrotter, RetractedEuler, Strang, VariableStepRetractedEuler, solve
 from .transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
 
 __all__ = [
@@ -66,8 +67,14 @@ __all__ = [
     "to_transformer_params",
     "VariableStepRetractedEuler",
     "flow_states",
-    "transformer_states",
     "discrepancy",
+    "layer_gaps",
+    "radial_factors",
+    "router_logits",
+    "substep_gains",
+    "with_gains",
+    "input_norm",
+    "ellipsoid_residual",
 ]
 
 # Transformer-only parameters that have no flow counterpart but must survive a round trip.
@@ -109,8 +116,10 @@ def _check_supported(config: TransformerConfig) -> None:
         problems.append(f"norm={config.norm!r} (need 'rms': LayerNorm also centres)")
     if config.norm_eps != 0:
         problems.append(f"norm_eps={config.norm_eps} (need 0 for an exact retraction)")
-    if config.use_bias:
-        problems.append("use_bias=True (biases have no flow counterpart yet)")
+    if config.any_bias:
+        problems.append("biases are set (biases have no flow counterpart yet)")
+    if config.qk_norm:
+        problems.append("qk_norm is set (per-head query/key norms have no flow counterpart yet)")
     if config.rope is not None:
         problems.append("rope is set (rotary embeddings have no flow counterpart yet)")
     if problems:
@@ -190,52 +199,34 @@ def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[st
     return out
 
 
-class VariableStepRetractedEuler(AbstractSphereSolver):
-    """Retracted Euler with a per-token step: ``y1 = R(y0 + h' P_y u)``, ``h' = h/(1 + h y.u)``.
-
-    The term must return the *unprojected* drift ``u`` (``VectorField.drift``). This is the
-    standard post-norm layer ``R(y + h u)`` written as a step along the tangent field: since
-    ``y + h u = (1 + h y.u) y + h P_y u``, the two are equal whenever ``1 + h y.u > 0``. The
-    radial part of ``u`` only rescales the step, ``h' = h + O(h^2)``: first order, same ODE.
-
-    Where ``1 + h y.u <= 0`` the point ``y + h u`` lies beyond the origin and the layer returns
-    the antipode of any step along the sphere: no retracted Euler step describes it. The solver
-    then raises (also under ``jit``) instead of returning a wrong state.
-    """
-
-    def order(self, terms):
-        return 1
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        del solver_state, made_jump
-        h = t1 - t0
-        u = terms.vf(t0, y0, args)
-        radial = sphere.dot(y0, u)
-        factor = 1 + h * radial
-        y1 = sphere.retract(y0 + (h / factor) * sphere.project_tangent(y0, u))
-        y1 = eqx.error_if(
-            y1, jnp.any(factor <= 0),
-            "standard post-norm step with 1 + h x.u <= 0: x + h u crossed the origin, so the "
-            "layer is not a retracted Euler step of the flow (the step h is too large)",
-        )
-        return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
-
-
 def _block_solver(block: str, step: AbstractSolver) -> AbstractSolver:
     return {"sequential": LieTrotter(step), "macaron": Strang(step), "parallel": step}[block]
 
 
+class _Branch(eqx.Module):
+    """One branch of a block as a diffrax vector field, read as the Transformer reads it:
+    ``riemannian`` ``v = P_y u``; ``drift`` the unprojected ``u``; ``ambient`` ``u(y / |y|)``;
+    ``ambient-projected`` ``v(y / |y|)``. A module (not a closure), so that a solver can
+    restrict its parameter path to the step (``within_step``)."""
+
+    field: SumField | AttentionField | ExpertsField
+    kind: str = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        if self.kind == "riemannian":
+            return self.field(t, y)
+        if self.kind == "drift":
+            return self.field.drift(t, y)
+        if self.kind == "ambient":
+            return self.field.ambient(t, y)
+        return self.field(t, sphere.retract(y))  # ambient-projected
+
+
 def _terms(flow: LayerFlow, block: str, kind: str):
     """The diffrax term(s) of each block: one field (parallel) or a MultiTerm (splittings)."""
-    pick = {
-        "riemannian": lambda f: f,  # v = P_x u
-        "drift": lambda f: (lambda t, y, args: f.drift(t, y)),
-        "ambient": lambda f: (lambda t, y, args: f.ambient(t, y)),  # u(y / |y|)
-        "ambient-projected": lambda f: (lambda t, y, args: f(t, sphere.retract(y))),
-    }[kind]
     if block == "parallel":
-        return ODETerm(pick(flow.field))
-    return MultiTerm(ODETerm(pick(flow.attention)), ODETerm(pick(flow.experts)))
+        return ODETerm(_Branch(flow.field, kind))
+    return MultiTerm(ODETerm(_Branch(flow.attention, kind)), ODETerm(_Branch(flow.experts, kind)))
 
 
 def flow_states(
@@ -274,11 +265,6 @@ def flow_states(
     return sol.ys * flow.radius
 
 
-def transformer_states(model: Transformer, x: Float[Array, "... n d"]) -> Float[Array, "L1 ..."]:
-    """``(L + 1, ..., n, d)`` hidden states: the first one enters layer 1."""
-    return model.hidden_states(x)
-
-
 def discrepancy(
     model: Transformer, x: Float[Array, "... n d"], solver: AbstractSolver | None = None
 ) -> dict[str, float | list[float]]:
@@ -287,17 +273,120 @@ def discrepancy(
     Returns ``max_abs_diff`` (over layers, tokens, coordinates, in the Transformer's units) and
     ``per_layer`` (the same maximum for each layer).
     """
-    per_layer = _layer_gaps(model.config, layer_params(model), outer_norm_params(model),
-                            jnp.asarray(x), solver)
+    gaps = layer_gaps(model.config, layer_params(model), jnp.asarray(x),
+                      outer_norm_params(model), solver)
+    per_layer = gaps["per_layer"]
     return {"max_abs_diff": float(per_layer.max()), "per_layer": [float(v) for v in per_layer]}
+
+
+def layer_gaps(
+    config: TransformerConfig, params: Mapping[str, Array], x: Float[Array, "... n d"],
+    outer: Mapping[str, Array] | None = None, solver: AbstractSolver | None = None,
+) -> dict[str, Array]:
+    """Both sides from the same input, layer by layer, in one compiled program per shape.
+
+    Returns ``per_layer`` (``max |x_l - rho y_l|`` for ``l = 1..L``: entry ``l - 1`` is also the
+    output difference of the depth-``l`` stack of the first ``l`` layers), ``moved`` (the
+    largest geodesic distance a token's direction travels from the first to the last state: an
+    equality between standing-still trajectories would mean little), ``scale`` (the largest
+    token norm along the trajectory) and ``substep_states`` (the Transformer's states after
+    every residual sub-step, ``(L S + 1, ..., n, d)``).
+    """
+    per_layer, moved, scale, substeps = _layer_gaps(config, dict(params), dict(outer or {}),
+                                                    jnp.asarray(x), solver)
+    return {"per_layer": per_layer, "moved": moved, "scale": scale, "substep_states": substeps}
 
 
 @eqx.filter_jit
 def _layer_gaps(config, params, outer, x, solver):
-    """Both sides in one compiled program (one compilation per configuration)."""
-    states = transformer_states(Transformer.from_layer_params(config, params, outer), x)
+    substeps = Transformer.from_layer_params(config, params, outer or None).hidden_states(
+        x, substeps=True)
+    states = substeps[:: config.n_substeps]
     ys = flow_states(to_flow(config, params), config, states[0], solver)
-    return jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
+    per_layer = jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
+    moved = jnp.max(sphere.geodesic_distance(sphere.retract(states[0]),
+                                             sphere.retract(states[-1])))
+    scale = jnp.max(jnp.linalg.norm(states, axis=-1))
+    return per_layer, moved, scale, substeps
+
+
+def radial_factors(
+    config: TransformerConfig, params: Mapping[str, Array], substep_states: Array
+) -> Array:
+    """``min_i (1 + c x_i . u(x_i))`` for every residual sub-step of a standard post-norm stack,
+    an ``(L, S)`` array (``S`` sub-steps per layer).
+
+    ``c`` is the sub-step's step (``h``, or ``h / 2`` for the macaron FFN halves), ``x`` the
+    sub-step's input on the unit sphere and ``u`` its unprojected branch. The identity
+    ``R(x + c u) = R(x + c' P_x u)``, ``c' = c / (1 + c x.u)``, holds while this factor is
+    positive; where it is not, ``x + c u`` lies in the half-space ``y . x <= 0`` and the layer
+    returns the antipode of any step along the sphere.
+    """
+    if config.norm_position != "post" or config.project_branches:
+        raise ValueError("radial factors concern post-norm stacks with unprojected branches")
+    return _radial_factors(config, dict(params), jnp.asarray(substep_states))
+
+
+@eqx.filter_jit
+def _radial_factors(config, params, substep_states):
+    flow = to_flow(config, params)
+    h = flow.step
+    plan = {"sequential": [(flow.attention, h), (flow.experts, h)],
+            "parallel": [(flow.field, h)],
+            "macaron": [(flow.experts, h / 2), (flow.attention, h), (flow.experts, h / 2)]}
+    subs = plan[config.block]
+    y = substep_states / flow.radius
+    times = jnp.arange(config.n_layers, dtype=y.dtype) * h  # layer l reads theta(t_l)
+    columns = []
+    for j, (field, c) in enumerate(subs):
+        x = y[j :: len(subs)][: config.n_layers]  # input of sub-step j of every layer
+        radial = jnp.sum(x * jax.vmap(field.drift)(times, x), axis=-1)
+        columns.append(jnp.min(1 + c * radial, axis=-1))
+    return jnp.stack(columns, axis=1)
+
+
+def router_logits(
+    config: TransformerConfig, params: Mapping[str, Array], ffn_inputs: Array
+) -> Array:
+    """Router logits ``x W_r[l]`` of a MoE stack for the FFN inputs ``(L, ..., n, d)`` of each
+    layer: ``(L, ..., n, E)``."""
+    if config.ffn != "moe":
+        raise ValueError("router logits need ffn='moe'")
+    return jnp.einsum("l...d,lde->l...e", ffn_inputs, params["router"])
+
+
+def _gain_names(config: TransformerConfig) -> list[str]:
+    """The per-layer Norm gains, in the order of a layer's sub-steps (macaron's two FFN halves
+    share one Norm)."""
+    return {"sequential": ["norm_attn_gain", "norm_ffn_gain"], "parallel": ["norm_gain"],
+            "macaron": ["norm_ffn_gain", "norm_attn_gain", "norm_ffn_gain"]}[config.block]
+
+
+def substep_gains(config: TransformerConfig, params: Mapping[str, Array]) -> Array:
+    """The gain of the Norm after each residual sub-step, ``(L S, d)`` in hidden-state order."""
+    per_layer = jnp.stack([params[name] for name in _gain_names(config)], axis=1)
+    return per_layer.reshape(-1, config.d_model)
+
+
+def with_gains(
+    config: TransformerConfig, params: Mapping[str, Array], gain, input_gain=None
+) -> dict[str, Array]:
+    """``params`` with every layer Norm gain set to ``gain`` (a scalar, ``(d,)``, or a mapping
+    sub-step index -> ``(L, d)``). Needs ``config.norm_gain``."""
+    if not config.norm_gain:
+        raise ValueError("this config has no Norm gains (norm_gain=False)")
+    out = dict(params)
+    names = sorted(set(_gain_names(config)))
+    shape = (config.n_layers, config.d_model)
+    for i, name in enumerate(names):
+        g = gain[i] if isinstance(gain, (list, tuple)) else gain
+        out[name] = jnp.broadcast_to(jnp.asarray(g, params[name].dtype), shape)
+    return out
+
+
+def input_norm(gain: Array) -> dict[str, Array]:
+    """The stack's own (input, post-norm) Norm with gain ``gain``, as ``outer`` parameters."""
+    return {"input_norm_gain": gain}
 
 
 def ellipsoid_residual(x: Float[Array, "... d"], gain: Float[Array, " d"]) -> Float[Array, "..."]:

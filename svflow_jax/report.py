@@ -1,54 +1,84 @@
 """Writing a verification run: ``summary.json``, CSV tables, PNG figures and ``report.md``.
 
-The schema of ``summary.json`` is documented in the README ("The verify report"). Timings are
-kept under ``timings`` (and in the per-point ``seconds`` of the sweep), the only fields that
-change between two runs with the same seed.
+Everything here reads the claim results of :mod:`svflow_jax.verify` (``summary["claims"]``); it
+measures nothing. The schema of ``summary.json`` is documented in the README ("The verify
+report"). Timings (``timings``, ``compile``, the ``seconds`` of each claim and of each sweep
+point) are the only values that change between two runs with the same options.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+__all__ = ["headline", "write_all", "write_tables", "write_figures", "write_markdown"]
+
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
+STYLES = ("-", "--", "-.", ":")
 
 
 def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
+    fields = list(dict.fromkeys(k for row in rows for k in row))
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
-        writer.writerows(rows)
+        for row in rows:
+            writer.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v)
+                             for k, v in row.items()})
 
 
-def _fmt(v: float) -> str:
-    return "nan" if not math.isfinite(v) else f"{v:.3g}"
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if not math.isfinite(v) else f"{v:.3g}"
+    return str(v)
+
+
+def headline(claim: dict[str, Any]) -> str:
+    """The one figure that decides a claim, as text."""
+    f = claim["figures"]
+    if "fitted_order" in f:
+        lo, hi = f.get("order_ci", [math.nan, math.nan])
+        return f"order {_fmt(f['fitted_order'])} [{_fmt(lo)}, {_fmt(hi)}]"
+    for key in ("max_abs_diff", "c_eff", "not_identical", "ellipsoid_residual", "limit_gap",
+                "max_drift_on_sphere"):
+        if key in f:
+            return f"{key} = {_fmt(f[key])}"
+    return ""
+
+
+def _mark(passed: bool | None) -> str:
+    if passed is None:  # float32: too few points above round-off to fit an order
+        return "UNRESOLVED (float32 round-off)"
+    return "PASS" if passed else "FAIL"
+
+
+def _slug(name: str) -> str:
+    return name.replace("/", "__")
 
 
 def write_tables(out: Path, summary: dict[str, Any]) -> list[str]:
-    """CSV files; returns their names."""
-    names = []
-    _csv(out / "exactness.csv", summary["exactness"])
-    names.append("exactness.csv")
-    points = [
-        {"solver": row["solver"], **point}
-        for row in summary["convergence"] for point in row["points"]
-    ]
-    _csv(out / "convergence.csv", points)
-    _csv(out / "orders.csv", [
-        {k: (v if not isinstance(v, list) else ";".join(map(str, v))) for k, v in row.items()
-         if k != "points"} for row in summary["convergence"]
-    ])
-    _csv(out / "drift.csv", [
-        {"solver": row["solver"], "retracted": row["retracted"], **p}
-        for row in summary["drift"] for p in row["points"]
-    ])
-    _csv(out / "prenorm_vs_postnorm.csv", summary["prenorm_vs_postnorm"]["points"])
-    names += ["convergence.csv", "orders.csv", "drift.csv", "prenorm_vs_postnorm.csv"]
+    """``claims.csv`` (one row per claim) and ``tables/<claim>.csv`` (each claim's rows)."""
+    _csv(out / "claims.csv", [
+        {"name": c["name"], "section": c["section"], "passed": c["passed"],
+         "headline": headline(c), "tolerance": c["tolerance"], "seconds": c["seconds"],
+         **{k: v for k, v in c["figures"].items() if not isinstance(v, (dict, list))}}
+        for c in summary["claims"]])
+    (out / "tables").mkdir(exist_ok=True)
+    names = ["claims.csv"]
+    for c in summary["claims"]:
+        if c["rows"]:
+            _csv(out / "tables" / f"{_slug(c['name'])}.csv", c["rows"])
+            names.append(f"tables/{_slug(c['name'])}.csv")
     return names
 
 
@@ -62,157 +92,151 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
+def _claims(summary: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    return [c for c in summary["claims"] if c["name"].startswith(prefix)]
+
+
+def _styles():
+    import matplotlib.pyplot as plt
+
+    colors = itertools.cycle(plt.cm.tab10.colors)
+    return ((next(colors), m, s) for m, s in zip(itertools.cycle(MARKERS),
+                                                 itertools.cycle(STYLES)))
+
+
 def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
-    """Convergence, work-precision, drift and pre/post-norm figures; returns their names."""
+    """Figures for the claims present; returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = []
-    colors = dict(zip([r["solver"] for r in summary["convergence"]],
-                      plt.cm.tab10.colors, strict=False))
-
-    # Convergence: error against step size, with reference slopes.
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for row in summary["convergence"]:
-        h = [p["step_size"] for p in row["points"]]
-        e = [p["error"] for p in row["points"]]
-        ax.loglog(h, e, "o-", color=colors[row["solver"]], ms=4,
-                  label=f"{row['solver']} (p={_fmt(row['fitted_order'])}, "
-                        f"theory {row['expected_order']})")
-        # reference slope through the finest fitted point
-        fitted = [(hh, ee) for hh, ee, p in zip(h, e, row["points"], strict=True) if p["in_fit"]]
-        if fitted:
-            h0, e0 = fitted[-1]
-            hs = [h0, h0 * 8]
-            ax.loglog(hs, [e0 * (x / h0) ** row["expected_order"] for x in hs], ":",
-                      color=colors[row["solver"]], lw=1)
-    ax.set_xlabel("step size h (= T / layers)")
-    ax.set_ylabel("max geodesic error at T")
-    ax.set_title("Convergence on S^{d-1} (dotted: theoretical slope)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    names.append(_save(fig, out / "convergence.png"))
-
-    # Work-precision: error against field evaluations and wall time.
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for row in summary["convergence"]:
-        pts = [p for p in row["points"] if p["error"] > 0]
-        axes[0].loglog([p["evaluations"] for p in pts], [p["error"] for p in pts], "o-",
-                       color=colors[row["solver"]], ms=3, label=row["solver"])
-        axes[1].loglog([p["seconds"] for p in pts], [p["error"] for p in pts], "o-",
-                       color=colors[row["solver"]], ms=3, label=row["solver"])
-    axes[0].set_xlabel("vector-field evaluations")
-    axes[1].set_xlabel("wall time per solve [s] (median)")
-    for ax in axes:
-        ax.set_ylabel("max geodesic error at T")
+    orders = _claims(summary, "order/")
+    if orders:
+        fig, ax = plt.subplots(figsize=(7.5, 5.5))
+        for c, (color, marker, style) in zip(orders, _styles(), strict=False):
+            pts, f = c["rows"], c["figures"]
+            h, e = [p["step_size"] for p in pts], [p["error"] for p in pts]
+            ax.loglog(h, e, marker=marker, ls=style, color=color, ms=5, mfc="none",
+                      label=f"{f['solver']} (p = {_fmt(f['fitted_order'])}, theory "
+                            f"{f['expected_order']})")
+            fitted = [(hh, ee) for hh, ee, p in zip(h, e, pts, strict=True) if p["in_fit"]]
+            if fitted:  # theoretical slope through the finest fitted point
+                h0, e0 = fitted[-1]
+                ax.loglog([h0, 8 * h0], [e0, e0 * 8.0 ** f["expected_order"]], ":",
+                          color=color, lw=1)
+        ax.set(xlabel="step size h (= T / layers)", ylabel="max geodesic error at T",
+               title="Convergence on the sphere (dotted: theoretical slope)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Work-precision: which layer design buys accuracy cheapest")
-    names.append(_save(fig, out / "work_precision.png"))
+        ax.legend(fontsize=7)
+        names.append(_save(fig, out / "convergence.png"))
 
-    # Drift off the sphere without retraction.
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row in summary["drift"]:
-        h = [p["step_size"] for p in row["points"]]
-        dr = [max(p["norm_drift"], 1e-17) for p in row["points"]]
-        label = row["solver"] + (" (on the sphere by construction)" if row["retracted"]
-                                 else " (no retraction)")
-        ax.loglog(h, dr, "o-", ms=4, label=label, color=colors.get(row["solver"]))
-    ax.set_xlabel("step size h")
-    ax.set_ylabel("max | |y(T)| - 1 |")
-    ax.set_title("Drift off the sphere without retraction")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    names.append(_save(fig, out / "drift.png"))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        for c, (color, marker, style) in zip(orders, _styles(), strict=False):
+            pts = [p for p in c["rows"] if p["error"] > 0]
+            for ax, key in zip(axes, ("evaluations", "seconds"), strict=True):
+                ax.loglog([p[key] for p in pts], [p["error"] for p in pts], marker=marker,
+                          ls=style, color=color, ms=4, mfc="none", label=c["figures"]["solver"])
+        axes[0].set_xlabel("vector-field evaluations")
+        axes[1].set_xlabel("wall time per solve [s] (median)")
+        for ax in axes:
+            ax.set_ylabel("max geodesic error at T")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle("Work-precision: which layer design buys accuracy cheapest")
+        names.append(_save(fig, out / "work_precision.png"))
 
-    # Pre-norm against post-norm.
-    pp = summary["prenorm_vs_postnorm"]
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    h = [p["step_size"] for p in pp["points"]]
-    ax.loglog(h, [p["postnorm_error"] for p in pp["points"]], "o-", label="post-norm stack")
-    ax.loglog(h, [p["prenorm_error"] for p in pp["points"]], "s-",
-              label="pre-norm stack (unequal radii)")
-    ax.set_xlabel("step size h (= T / layers)")
-    ax.set_ylabel("max geodesic error of token directions")
-    ax.set_title("Against the spherical flow: post-norm converges, pre-norm runs on its clocks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    names.append(_save(fig, out / "prenorm_vs_postnorm.png"))
+    drift = _claims(summary, "drift")
+    if drift:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        rows = drift[0]["rows"]
+        solvers = list(dict.fromkeys(r["solver"] for r in rows))
+        for name, (color, marker, style) in zip(solvers, _styles(), strict=False):
+            pts = [r for r in rows if r["solver"] == name]
+            how = "on the sphere by construction" if pts[0]["retracted"] else "no retraction"
+            ax.loglog([p["step_size"] for p in pts], [max(p["norm_drift"], 1e-17) for p in pts],
+                      marker=marker, ls=style, color=color, ms=5, mfc="none",
+                      label=f"{name} ({how})")
+        ax.set(xlabel="step size h", ylabel="max | |y(T)| - 1 |",
+               title="Drift off the sphere without retraction")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        names.append(_save(fig, out / "drift.png"))
+
+    stacks = {c["name"]: c for c in _claims(summary, "standard-layer/stack-order")
+              + _claims(summary, "prenorm/")}
+    if stacks:
+        fig, ax = plt.subplots(figsize=(7.5, 5))
+        curves = [("standard-layer/stack-order", "error_sphere_flow",
+                   "post-norm (standard) vs sphere flow"),
+                  ("prenorm/coupled-limit", "error_coupled",
+                   "pre-norm vs its coupled limit (u, r)"),
+                  ("prenorm/not-the-sphere-flow", "error_sphere_flow",
+                   "pre-norm (unequal radii) vs sphere flow"),
+                  ("prenorm/projected-unit-radii", "error_sphere_flow",
+                   "pre-norm (projected, unit radii) vs sphere flow")]
+        for (name, key, label), (color, marker, style) in zip(curves, _styles(), strict=False):
+            if name in stacks:
+                rows = stacks[name]["rows"]
+                ax.loglog([r["step_size"] for r in rows], [r[key] for r in rows],
+                          marker=marker, ls=style, color=color, ms=5, mfc="none", label=label)
+        ax.set(xlabel="step size h = T / L", ylabel="max geodesic error of token directions",
+               title="Transformer stacks against their continuous limits")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        names.append(_save(fig, out / "stacks.png"))
     return names
 
 
-def _mark(passed: bool | None) -> str:
-    if passed is None:  # float32: too few points above round-off to fit an order
-        return "UNRESOLVED (float32 round-off)"
-    return "PASS" if passed else "FAIL"
+SECTIONS = {
+    "exactness": "A Transformer is the discretisation (exactness)",
+    "orders": "Convergence orders",
+    "stacks": "Transformer stacks as depth grows",
+}
 
 
-def write_markdown(out: Path, summary: dict[str, Any]) -> None:
-    """``report.md``: every claim with PASS/FAIL, the tables, and the figures embedded."""
+def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
+    """``report.md``: every claim with its statement, figure, tolerance and verdict."""
     cfg = summary["config"]
+    comp = summary["compile"]
     lines = [
         "# svflow verify",
         "",
         f"Overall: **{_mark(summary['passed'])}**. Seed {cfg['seed']}, {cfg['dtype']}, "
-        f"n = {cfg['tokens']} tokens, d = {cfg['dim']}, T = {cfg['t1']}"
-        f"{' (quick)' if cfg['quick'] else ''}.",
+        f"n = {cfg['tokens']} tokens, d = {cfg['dim']}, {cfg['layers']} layers, T = {cfg['t1']}"
+        f"{' (quick)' if cfg.get('quick') else ''}. {len(summary['claims'])} claims in "
+        f"{comp['total_s']:.1f} s ({comp['xla_compilations']} XLA compilations, "
+        f"{comp['compile_total_s']:.1f} s tracing and compiling, {comp['cache_hits']} programs "
+        "from the compilation cache).",
         "",
-        "## 1. A Transformer is the discretisation (exactness)",
-        "",
-        "Each row runs a random Transformer and the flow solver it equals, from the same input,"
-        " and reports the largest difference over layers, tokens and coordinates.",
-        "",
-        "| variant | flow solver | depth | max abs diff | tolerance | |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "Error metric: the largest geodesic distance over tokens, 2 atan2(|x - y|, |x + y|). "
+        f"References: float64, rtol = atol = {cfg['reference_tolerance']:g}. Orders: least "
+        f"squares of log error on log h over errors in [{cfg['fit_floor']:g}, "
+        f"{cfg['fit_ceiling']:g}] (sweeps: at least {cfg['min_steps_in_fit']} steps), with a "
+        "95% Student-t interval. The mathematics: docs/theory.md.",
     ]
-    for r in summary["exactness"]:
-        lines.append(f"| {r['variant']} | {r['solver']} | {r['depth']} | "
-                     f"{r['max_abs_diff']:.2e} | {r['tolerance']:.1e} | {_mark(r['passed'])} |")
-    lines += [
-        "",
-        "## 2. Convergence orders (step-size sweep)",
-        "",
-        "Error: max over tokens of the geodesic distance at T to a Retracted(Dopri8) reference "
-        f"(rtol = atol = {cfg['reference_tolerance']:g}). Fit: least squares of log error on "
-        f"log h over the points with error in [{cfg['fit_floor']:g}, {cfg['fit_ceiling']:g}] "
-        f"and at least {cfg['min_steps_in_fit']} steps.",
-        "",
-        "| solver | expected | fitted | 95% interval | points in fit | max norm drift | |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in summary["convergence"]:
-        lo, hi = r["order_ci"]
-        lines.append(f"| {r['solver']} | {r['expected_order']} | {_fmt(r['fitted_order'])} | "
-                     f"[{_fmt(lo)}, {_fmt(hi)}] | {r['fit_points']} | "
-                     f"{r['max_norm_drift']:.1e} | {_mark(r['passed'])} |")
-    lines += ["", "![convergence](convergence.png)", "",
-              "## 3. Work-precision", "",
-              "![work-precision](work_precision.png)", "",
-              "## 4. Drift off the sphere without retraction", "",
-              "| solver | drift at the coarsest step | drift at the finest step |",
-              "| --- | --- | --- |"]
-    for r in summary["drift"]:
-        lines.append(f"| {r['solver']}{' (on-sphere method)' if r['retracted'] else ''} | "
-                     f"{r['points'][0]['norm_drift']:.1e} | {r['points'][-1]['norm_drift']:.1e} |")
-    pp = summary["prenorm_vs_postnorm"]
-    lines += ["", "![drift](drift.png)", "",
-              "## 5. Pre-norm against post-norm", "",
-              f"Token radii in the pre-norm stack: {min(pp['radii']):.2f} to "
-              f"{max(pp['radii']):.2f}. Post-norm fitted order {_fmt(pp['postnorm_order'])}; "
-              f"pre-norm error at the finest step {pp['prenorm_error_finest']:.3g} (order "
-              f"{_fmt(pp['prenorm_order'])}): each token direction runs on its own clock "
-              f"d tau = dt / r. **{_mark(pp['passed'])}**", "",
-              "![prenorm](prenorm_vs_postnorm.png)", ""]
+    for section, title in SECTIONS.items():
+        claims = [c for c in summary["claims"] if c["section"] == section]
+        if not claims:
+            continue
+        lines += ["", f"## {title}", "", "| claim | statement | figure | criterion | |",
+                  "| --- | --- | --- | --- | --- |"]
+        for c in claims:
+            cells = [c["statement"], headline(c), c["tolerance"]]
+            statement, figure, criterion = (cell.replace("|", "\\|") for cell in cells)
+            lines.append(f"| `{c['name']}` | {statement} | {figure} | {criterion} | "
+                         f"{_mark(c['passed'])} |")
+    lines += [""]
+    for name in figures:
+        lines += [f"![{name[:-4]}]({name})", ""]
     (out / "report.md").write_text("\n".join(lines))
 
 
-def write_all(out: Path, summary: dict[str, Any], config_for_rerun: dict[str, Any]) -> None:
+def write_all(out: Path, summary: dict[str, Any]) -> None:
     """Everything: ``summary.json``, ``config.json``, CSVs, PNGs, ``report.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config_for_rerun, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(summary["config"], indent=2) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_tables(out, summary)
-    write_figures(out, summary)
-    write_markdown(out, summary)
+    write_markdown(out, summary, write_figures(out, summary))

@@ -1,0 +1,55 @@
+"""The claims layer: every statement the project checks with numbers, measured one way.
+
+A claim is a registered function ``measure(ctx) -> Evidence``; :meth:`Claim.run` turns it into
+a :class:`ClaimResult` (statement, figures, tolerance, ``passed``, table rows, seconds).
+``svflow verify`` runs them all (:func:`run_claims`) and writes the report from the results;
+the tests run the same claims on small options and assert on the same objects.
+
+Modules:
+
+* :mod:`.core`        results, the registry (:func:`claim`, :func:`select`), :class:`Options`,
+                      the shared :class:`Context`;
+* :mod:`.measure`     the error metric, the reference solves, the tolerances, the order fit;
+* :mod:`.problem`     the random Transformer weights and the smooth test flow;
+* :mod:`.exactness`   a Transformer IS its flow's solver (each block variant, float32, gains,
+                      round trip);
+* :mod:`.orders`      orders of every registered solver, of the splittings, of per-layer
+                      weights; drift off the sphere;
+* :mod:`.stacks`      stacks as depth grows: the standard layer, pre-norm, Norm gains.
+
+To add a claim: write ``measure(ctx) -> Evidence`` in one of these modules (or your own, imported
+before the run) and decorate it with ``@claim(name, section, statement)``.
+"""
+
+from . import exactness, orders, stacks  # noqa: F401  (registration, in report order)
+from .core import (
+    QUICK,
+    Claim,
+    ClaimResult,
+    Context,
+    Evidence,
+    Options,
+    all_claims,
+    claim,
+    claim_family,
+    get,
+    run_claims,
+    select,
+)
+from .orders import solver_sweep
+
+__all__ = [
+    "QUICK",
+    "Claim",
+    "ClaimResult",
+    "Context",
+    "Evidence",
+    "Options",
+    "all_claims",
+    "claim",
+    "claim_family",
+    "get",
+    "run_claims",
+    "select",
+    "solver_sweep",
+]

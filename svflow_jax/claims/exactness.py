@@ -1,0 +1,215 @@
+"""Exactness: a Transformer IS a solver of its flow, layer by layer, to round-off.
+
+Each claim runs a random Transformer (:mod:`.problem`) and the flow solver it equals
+(:func:`svflow_jax.correspondence.layer_gaps`) from the same input and reports the largest
+difference over layers, tokens and coordinates, in the Transformer's units, against
+:func:`.measure.exactness_tolerance`. The figure ``moved`` (how far the tokens' directions
+travel) shows that the equality is not between two standing-still trajectories.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import diffrax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import correspondence
+from ..solvers import RetractedEuler, solve
+from .core import Context, Evidence, claim
+from .measure import C_FLOAT32, exactness_tolerance
+from .problem import hidden_states, inputs, random_params, transformer_config
+
+__all__ = ["VARIANTS"]
+
+# variant -> (Transformer settings, the solver the stack equals)
+VARIANTS: dict[str, tuple[dict, str]] = {
+    "postnorm-projected": (dict(norm_position="post", block="parallel", project_branches=True),
+                           "RetractedEuler on v_A + v_F"),
+    "postnorm": (dict(norm_position="post", block="parallel", project_branches=False),
+                 "VariableStepRetractedEuler, h' = h / (1 + h x.u)"),
+    "prenorm": (dict(norm_position="pre", block="parallel", project_branches=False),
+                "diffrax Euler of dy/dt = F(R(y)), R(y) = y / |y|"),
+    "sequential": (dict(norm_position="post", block="sequential", project_branches=True),
+                   "LieTrotter(RetractedEuler) of v_A, v_F"),
+    "parallel-swiglu": (dict(norm_position="post", block="parallel", project_branches=True,
+                             ffn="swiglu"),
+                        "RetractedEuler on v_A + v_F (SwiGLU FFN)"),
+    "macaron": (dict(norm_position="post", block="macaron", project_branches=True),
+                "Strang(RetractedEuler): F/2, A, F/2"),
+    "gqa": (dict(norm_position="post", block="sequential", project_branches=False,
+                 ffn="swiglu", n_heads=4, n_kv_heads=2),
+            "LieTrotter(VariableStepRetractedEuler), 4 query heads on 2 key/value heads"),
+    "moe": (dict(norm_position="post", block="sequential", project_branches=False, ffn="moe",
+                 n_experts=4, top_k=2),
+            "LieTrotter(VariableStepRetractedEuler), top-2 of 4 experts"),
+}
+
+
+def _variant_config(ctx: Context, settings: dict):
+    settings = dict(settings)
+    if "n_heads" in settings:  # same total width, narrower heads
+        settings["d_head"] = ctx.options.dim // settings["n_heads"] or 1
+    return transformer_config(ctx, **settings)
+
+
+def _exactness(ctx: Context, index: int, variant: str) -> Evidence:
+    settings, _ = VARIANTS[variant]
+    config = _variant_config(ctx, settings)
+    params = random_params(config, ctx.options.seed + index)
+    gaps = correspondence.layer_gaps(config, params, inputs(ctx))
+    per_layer = np.asarray(gaps["per_layer"])
+    scale = float(gaps["scale"])
+    tolerance = exactness_tolerance(config.param_dtype, config.n_layers, scale)
+    figures = {"max_abs_diff": float(per_layer.max()), "depth": config.n_layers,
+               "moved": float(gaps["moved"]), "scale": scale}
+    passed = bool(per_layer.max() <= tolerance)
+    if config.norm_position == "post" and not config.project_branches:
+        # The per-token step needs 1 + c x.u > 0 at every sub-step.
+        factor = float(np.min(correspondence.radial_factors(config, params,
+                                                            gaps["substep_states"])))
+        figures["min_radial_factor"] = factor
+        passed = passed and factor > 0
+    if config.ffn == "moe":
+        figures.update(_routing(config, params, gaps["substep_states"]))
+    rows = [{"layer": l + 1, "max_abs_diff": float(v)} for l, v in enumerate(per_layer)]
+    return Evidence(passed, figures, f"max abs diff <= {tolerance:.1e}", rows)
+
+
+def _routing(config, params, substep_states) -> dict:
+    """How the top-k router routes along the trajectory: the number of distinct expert sets
+    (routing that never changes would not test top-k) and the smallest gap between the k-th and
+    (k+1)-th logits (far above round-off: both sides must select the same experts)."""
+    ffn_inputs = substep_states[1::2][: config.n_layers]  # after each attention sub-step
+    logits = np.asarray(correspondence.router_logits(config, params, ffn_inputs))
+    k = config.top_k
+    top = np.sort(np.argsort(-logits, axis=-1, kind="stable")[..., :k], axis=-1).reshape(-1, k)
+    ordered = np.sort(logits, axis=-1)
+    margin = float(np.min(ordered[..., -k] - ordered[..., -k - 1]))
+    return {"expert_sets": len({tuple(r) for r in top.tolist()}), "router_margin": margin}
+
+
+def _register_variant(index: int, variant: str) -> None:
+    settings, solver = VARIANTS[variant]
+    claim(f"exactness/{variant}", "exactness",
+          f"A {variant} Transformer (random weights) is {solver} of its flow: every hidden "
+          "state equals the solver's state to round-off.")(
+        lambda ctx: _exactness(ctx, index, variant))
+
+
+for _i, _variant in enumerate(VARIANTS):
+    _register_variant(_i, _variant)
+
+
+@claim("exactness/plain-solve", "exactness",
+       "A parallel post-norm stack with projected branches is a plain diffrax solve "
+       "solve(v_A + v_F, RetractedEuler(), num_steps=L); a parallel pre-norm stack is "
+       "diffrax.Euler on dy/dt = F(y / |y|) (written independently of flow_states).")
+def plain_solve(ctx: Context) -> Evidence:
+    rows = []
+    for position, projected in (("post", True), ("pre", False)):
+        config = transformer_config(ctx, norm_position=position, block="parallel",
+                                    project_branches=projected)
+        params = random_params(config, ctx.options.seed + 11)
+        states = hidden_states(config, params, inputs(ctx))
+        flow = correspondence.to_flow(config, params)
+        y0 = states[0] / flow.radius
+        if position == "post":
+            ys = solve(flow.field, y0, 0.0, flow.t1, solver=RetractedEuler(),
+                       num_steps=config.n_layers, saveat=diffrax.SaveAt(steps=True)).ys
+        else:
+            ts = jnp.arange(config.n_layers + 1, dtype=y0.dtype) * flow.step
+            ys = diffrax.diffeqsolve(
+                diffrax.ODETerm(flow.field.ambient), diffrax.Euler(), ts[0], ts[-1], None, y0,
+                saveat=diffrax.SaveAt(steps=True), stepsize_controller=diffrax.StepTo(ts=ts),
+                max_steps=config.n_layers).ys
+        diff = float(jnp.max(jnp.abs(ys * flow.radius - states[1:])))
+        scale = float(jnp.max(jnp.linalg.norm(states, axis=-1)))
+        tolerance = exactness_tolerance(config.param_dtype, config.n_layers, scale)
+        rows.append({"stack": f"{position}-norm parallel", "max_abs_diff": diff,
+                     "tolerance": tolerance, "passed": diff <= tolerance})
+    return Evidence(all(r["passed"] for r in rows),
+                    {"max_abs_diff": max(r["max_abs_diff"] for r in rows)},
+                    "max abs diff <= the exactness tolerance of each row", rows)
+
+
+@claim("exactness/float32", "exactness",
+       "In float32 the two sides differ by round-off that grows at most linearly in depth: "
+       f"max_l d_l / (l eps32 s) <= {C_FLOAT32:g} (s: the largest token norm).")
+def float32_bound(ctx: Context) -> Evidence:
+    eps = float(np.finfo(np.float32).eps)
+    rows = []
+    for position, projected in (("post", True), ("pre", False)):
+        config = transformer_config(ctx, norm_position=position, block="sequential",
+                                    project_branches=projected, param_dtype=jnp.float32)
+        params = random_params(config, ctx.options.seed + 13)
+        gaps = correspondence.layer_gaps(config, params, inputs(ctx).astype(jnp.float32))
+        per_layer = np.asarray(gaps["per_layer"], float)
+        layers = np.arange(1, config.n_layers + 1)
+        ratio = float(np.max(per_layer / (layers * eps * float(gaps["scale"]))))
+        rows.append({"stack": f"{position}-norm sequential", "max_abs_diff": float(
+            per_layer.max()), "c_eff": ratio, "visible": bool(per_layer.max() > 1e-9)})
+    passed = all(r["c_eff"] <= C_FLOAT32 and r["visible"] for r in rows)
+    return Evidence(passed, {"c_eff": max(r["c_eff"] for r in rows)},
+                    f"c_eff <= {C_FLOAT32:g}, and the round-off visible (> 1e-9)", rows)
+
+
+@claim("round-trip", "exactness",
+       "Transformer weights -> flow parameters -> Transformer weights is bit-identical, for "
+       "every block x FFN kind x MHA/GQA x gains x post/pre-norm.")
+def round_trip(ctx: Context) -> Evidence:
+    count, failures = 0, []
+    ffns = {"gelu": dict(ffn="gelu"), "swiglu": dict(ffn="swiglu"),
+            "moe-gelu": dict(ffn="moe", n_experts=4, top_k=2, expert_ffn="gelu"),
+            "moe-swiglu": dict(ffn="moe", n_experts=4, top_k=2, expert_ffn="swiglu")}
+    heads = {"mha": {}, "gqa": dict(n_heads=4, n_kv_heads=2)}
+    for block, ffn, head, gain, position in itertools.product(
+            ("sequential", "parallel", "macaron"), ffns, heads, (False, True), ("post", "pre")):
+        config = _variant_config(ctx, dict(block=block, norm_gain=gain, norm_position=position,
+                                           n_layers=2, **ffns[ffn], **heads[head]))
+        params = random_params(config, ctx.options.seed + count)
+        if gain:  # gains other than 1 must survive too
+            params = correspondence.with_gains(config, params, 1.25)
+        back = correspondence.to_transformer_params(correspondence.to_flow(config, params),
+                                                    config)
+        bad = sorted(set(params) ^ set(back))
+        for name in sorted(set(params) & set(back)):
+            a, b = np.asarray(params[name]), np.asarray(back[name])
+            if not (a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()):
+                bad.append(name)
+        if bad:
+            failures.append({"variant": f"{block}/{ffn}/{head}/gain={gain}/{position}",
+                             "arrays": ";".join(bad)})
+        count += 1
+    return Evidence(not failures, {"variants": count, "not_identical": len(failures)},
+                    "0 variants differ in any bit", failures)
+
+
+@claim("gains/ellipsoid", "exactness",
+       "With RMSNorm gains g, every post-norm state lies on the ellipsoid |x / g| = sqrt(d) of "
+       "the Norm that produced it (not on the sphere).")
+def ellipsoid(ctx: Context) -> Evidence:
+    rng = np.random.default_rng(ctx.options.seed + 17)
+    rows = []
+    for block in ("sequential", "parallel", "macaron"):
+        config = transformer_config(ctx, norm_gain=True, block=block)
+        params = random_params(config, ctx.options.seed + 19)
+        shape = (config.n_layers, config.d_model)
+        gains = [rng.uniform(0.5, 1.5, shape) for _ in range(2)]
+        params = correspondence.with_gains(config, params, gains)
+        g_in = jnp.asarray(rng.uniform(0.5, 1.5, config.d_model), config.param_dtype)
+        outer = correspondence.input_norm(g_in)
+        states = hidden_states(config, params, inputs(ctx), outer, substeps=True)
+        all_gains = jnp.concatenate([g_in[None], correspondence.substep_gains(config, params)])
+        residual = float(jnp.max(correspondence.ellipsoid_residual(states, all_gains[:, None])))
+        off = float(jnp.max(jnp.abs(jnp.linalg.norm(states, axis=-1) - math.sqrt(config.d_model))))
+        tolerance = exactness_tolerance(config.param_dtype, config.n_layers, math.sqrt(
+            config.d_model) * 1.5)
+        rows.append({"block": block, "ellipsoid_residual": residual, "sphere_residual": off,
+                     "passed": residual <= tolerance and off > 0.1})
+    return Evidence(all(r["passed"] for r in rows),
+                    {"ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows),
+                     "sphere_residual": min(r["sphere_residual"] for r in rows)},
+                    "ellipsoid residual <= the exactness tolerance; sphere residual > 0.1", rows)

@@ -1,0 +1,262 @@
+"""Orders of convergence: every registered solver, the block splittings, per-layer weights.
+
+Each measurement integrates the run's smooth test problem (:func:`.problem.test_problem`) over
+``[0, T]`` at a sequence of constant steps and compares the final state with the float64
+reference (:func:`.problem.reference`) by the geodesic error; the order is the slope fitted over
+the asymptotic window (:func:`.measure.fit_window`). The step size is a traced argument, so each
+solver compiles once for all its step sizes.
+"""
+
+from __future__ import annotations
+
+import diffrax
+import jax
+import jax.numpy as jnp
+
+from .. import sphere
+from ..flow import AttentionField, Constant, ExpertsField, PiecewiseConstant, SumField
+from ..solvers import RK4, LieTrotter, Retracted, RetractedEuler, Strang
+from ..solvers.registry import SOLVERS, SolverSpec
+from .core import Claim, Context, Evidence, claim, claim_family
+from .measure import (
+    MIN_STEPS_IN_FIT,
+    fit_floor,
+    fit_window,
+    fixed_step_solve,
+    geodesic_error,
+    median_seconds,
+    order_passes,
+    sphere_reference,
+    step_counts,
+)
+from .problem import ANCHORS, reference, test_problem
+
+__all__ = ["solver_sweep", "sweep_counts", "SPLITTINGS", "drift_rows"]
+
+
+def sweep_counts(ctx: Context, spec: SolverSpec, step_range=None, num_sizes=None) -> list[int]:
+    """The step counts of ``spec``'s sweep: its registered range times ``--step-scale``, or
+    ``step_range`` as given; ``num_sizes`` (else the run's, else the solver's) sizes."""
+    o = ctx.options
+    num = num_sizes or o.num_sizes or spec.num_sizes
+    if step_range is not None:
+        return step_counts(*step_range, num)
+    first, last = spec.step_range
+    first = max(1, round(first * o.step_scale))
+    return step_counts(first, max(first + num - 1, round(last * o.step_scale)), num)
+
+
+def _order_verdict(ctx: Context, fit: dict, expected: float) -> tuple[bool, bool | None]:
+    """``(resolved, passed)``: fewer than 3 points in the window is a failure in float64 and
+    unresolved (``None``) in float32, where round-off hides orders above ~2."""
+    resolved = fit["fit_points"] >= 3
+    if not resolved and not ctx.options.float64:
+        return resolved, None
+    return resolved, order_passes(fit["fitted_order"], expected)
+
+
+def solver_sweep(
+    ctx: Context, spec: SolverSpec, step_range: tuple[int, int] | None = None,
+    num_sizes: int | None = None,
+) -> Evidence:
+    """Error, field evaluations, wall time and norm drift against step size; fitted order."""
+    problem = test_problem(ctx)
+    ref = reference(ctx)
+    dtype = ctx.options.jnp_dtype
+    field = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                         else a, problem.field)
+    y0 = problem.u0.astype(dtype)
+    counts = sweep_counts(ctx, spec, step_range, num_sizes)
+    solver, terms = spec.make(), diffrax.ODETerm(field)
+
+    def run(count):
+        return fixed_step_solve(terms, solver, y0, problem.t1, count)
+
+    points = []
+    for count in counts:
+        y = run(count)
+        points.append({
+            "num_steps": count, "step_size": problem.t1 / count,
+            "error": geodesic_error(y, ref),
+            "evaluations": count * spec.evaluations_per_step,
+            "seconds": median_seconds(lambda c=count: run(c), ctx.options.repeats),
+            "norm_drift": float(sphere.norm_drift(y)),
+        })
+    fit = fit_window([p["step_size"] for p in points], [p["error"] for p in points],
+                     floor=fit_floor(dtype), max_step=problem.t1 / MIN_STEPS_IN_FIT)
+    for p, used in zip(points, fit.pop("in_fit"), strict=True):
+        p["in_fit"] = bool(used)
+    resolved, passed = _order_verdict(ctx, fit, spec.expected_order)
+    figures = {"solver": spec.name, "description": spec.description,
+               "expected_order": spec.expected_order, **fit, "resolved": resolved,
+               "max_norm_drift": max(p["norm_drift"] for p in points)}
+    tolerance = (f"fitted order >= {spec.expected_order - 0.2:g}" if spec.expected_order >= 5
+                 else f"|fitted order - {spec.expected_order}| <= 0.15")
+    return Evidence(passed, figures, tolerance, points)
+
+
+@claim_family
+def _solver_claims() -> list[Claim]:
+    """``order/<name>`` for every solver in the registry (a user's registered solver too)."""
+    def make(spec: SolverSpec) -> Claim:
+        return Claim(f"order/{spec.name}", "orders",
+                     f"{spec.description or spec.name}: global error O(h^{spec.expected_order}) "
+                     "on the smooth flow, on the sphere.",
+                     lambda ctx: _shared_sweep(ctx, spec))
+
+    return [make(spec) for spec in SOLVERS.values()]
+
+
+def _shared_sweep(ctx: Context, spec: SolverSpec) -> Evidence:
+    """The sweep of ``spec``, kept in the context (the drift claim reads its drifts)."""
+    return ctx.shared(("sweep", spec.name), lambda: solver_sweep(ctx, spec))
+
+
+# name -> (how the block's fields are split, solver, expected order)
+SPLITTINGS: dict[str, tuple[str, object, int]] = {
+    "parallel-euler": ("parallel", RetractedEuler(), 1),
+    "lie-trotter-euler": ("sequential", LieTrotter(RetractedEuler()), 1),
+    "strang-euler": ("macaron", Strang(RetractedEuler()), 1),
+    "strang-heun": ("macaron", Strang(Retracted(diffrax.Heun())), 2),
+    "strang-midpoint": ("macaron", Strang(Retracted(diffrax.Midpoint())), 2),
+}
+
+
+def _splitting(ctx: Context, name: str) -> Evidence:
+    block, solver, expected = SPLITTINGS[name]
+    problem = test_problem(ctx)
+    smooth = problem.smooth
+    if block == "parallel":
+        terms = diffrax.ODETerm(smooth.field)
+    else:
+        terms = diffrax.MultiTerm(diffrax.ODETerm(smooth.attention),
+                                  diffrax.ODETerm(smooth.experts))
+    depths = list(ctx.options.depths)
+    ref = reference(ctx)
+    rows = []
+    for L in depths:
+        y = fixed_step_solve(terms, solver, problem.u0, problem.t1, L)
+        rows.append({"num_steps": L, "step_size": problem.t1 / L, "error": geodesic_error(y, ref)})
+    fit = fit_window([r["step_size"] for r in rows], [r["error"] for r in rows])
+    _, passed = _order_verdict(ctx, fit, expected)
+    return Evidence(passed, {"expected_order": expected, **{k: v for k, v in fit.items()
+                                                            if k != "in_fit"}},
+                    f"|fitted order - {expected}| <= 0.15", rows)
+
+
+_SPLITTING_WORDS = {
+    "parallel-euler": "A parallel block (retracted Euler on v_A + v_F) is first order.",
+    "lie-trotter-euler": "A sequential block (Lie-Trotter of retracted Euler steps) is first "
+                         "order.",
+    "strang-euler": "A macaron block (Strang with Euler sub-steps) is only first order: its h^2 "
+                    "terms do not cancel.",
+    "strang-heun": "Strang splitting with retracted Heun sub-steps is second order.",
+    "strang-midpoint": "Strang splitting with retracted midpoint sub-steps is second order.",
+}
+
+for _name in SPLITTINGS:
+    claim(f"splitting/{_name}", "orders", _SPLITTING_WORDS[_name])(
+        lambda ctx, name=_name: _splitting(ctx, name))
+
+
+class _RightContinuousLayers(PiecewiseConstant):
+    """Per-layer weights WITHOUT the stage rule: every stage reads ``theta(t)`` at its own time
+    (a stage at the end of a step reads the next layer). For contrast only."""
+
+    def within_step(self, t0, t1):
+        return self
+
+
+@claim("piecewise/aligned-rk4", "orders",
+       "With per-layer weights (a real Transformer's theta), every stage of a step reads the "
+       "layer that step covers, so retracted RK4 with steps aligned to the layers keeps order 4.")
+def aligned_rk4(ctx: Context) -> Evidence:
+    problem = test_problem(ctx)
+    smooth = problem.smooth
+    h = problem.t1 / ANCHORS
+    times = jnp.arange(ANCHORS, dtype=jnp.float64) * h
+    layers = [jax.vmap(f.params)(times) for f in (smooth.attention, smooth.experts)]
+
+    def field(path):
+        return SumField(AttentionField(path(layers[0], h), causal=smooth.attention.causal),
+                        ExpertsField(path(layers[1], h), top_k=smooth.experts.top_k,
+                                     radius=smooth.radius))
+
+    # Reference: each layer's constant field solved over its own interval, chained.
+    def build_reference():
+        u = problem.u0
+        for l in range(ANCHORS):
+            constant = [jax.tree.map(lambda a, l=l: a[l], p) for p in layers]
+            piece = SumField(
+                AttentionField(Constant(constant[0]), causal=smooth.attention.causal),
+                ExpertsField(Constant(constant[1]), top_k=smooth.experts.top_k,
+                             radius=smooth.radius))
+            u = sphere_reference(piece, u, h)  # autonomous: any interval of length h
+        return u
+
+    ref = ctx.shared("piecewise-reference", build_reference)
+    per_layer = [1, 2, 4, 8, 16]
+    solver = Retracted(RK4())
+    rows = []
+    for k in per_layer:
+        count = k * ANCHORS
+        staged = fixed_step_solve(diffrax.ODETerm(field(PiecewiseConstant)), solver,
+                                  problem.u0, problem.t1, count)
+        naive = fixed_step_solve(diffrax.ODETerm(field(_RightContinuousLayers)), solver,
+                                 problem.u0, problem.t1, count)
+        rows.append({"steps_per_layer": k, "step_size": problem.t1 / count,
+                     "error": geodesic_error(staged, ref),
+                     "error_without_stage_rule": geodesic_error(naive, ref)})
+    steps = [r["step_size"] for r in rows]
+    fit = fit_window(steps, [r["error"] for r in rows])
+    naive_fit = fit_window(steps, [r["error_without_stage_rule"] for r in rows], floor=0.0)
+    _, passed = _order_verdict(ctx, fit, 4)
+    figures = {"expected_order": 4, "fitted_order": fit["fitted_order"],
+               "order_ci": fit["order_ci"], "fit_points": fit["fit_points"],
+               "order_without_stage_rule": naive_fit["fitted_order"]}
+    return Evidence(passed, figures, "|fitted order - 4| <= 0.15", rows)
+
+
+def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
+    """``max | |y(T)| - 1 |`` of ``spec``'s method WITHOUT retraction (plain diffrax in R^d); a
+    method on the sphere by construction reports the drift of its own sweep."""
+    if spec.unretracted is None:
+        sweep = _shared_sweep(ctx, spec)
+        points = [{k: p[k] for k in ("num_steps", "step_size", "norm_drift")}
+                  for p in sweep.rows]
+        return {"solver": spec.name, "retracted": True, "points": points}
+    problem = test_problem(ctx)
+    dtype = ctx.options.jnp_dtype
+    y0 = problem.u0.astype(dtype)
+    field = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
+                         else a, problem.field)
+    counts = step_counts(*spec.step_range, num_sizes)
+    points = []
+    for count in counts:
+        y = fixed_step_solve(diffrax.ODETerm(field), spec.unretracted(), y0, problem.t1, count)
+        points.append({"num_steps": count, "step_size": problem.t1 / count,
+                       "norm_drift": float(sphere.norm_drift(y))})
+    return {"solver": spec.name, "retracted": False, "points": points}
+
+
+@claim("drift", "orders",
+       "Without the retraction (plain diffrax in R^d) every method drifts off the sphere; the "
+       "sphere solvers stay on it to round-off.")
+def drift(ctx: Context) -> Evidence:
+    rows = [drift_rows(ctx, spec) for spec in SOLVERS.values()]
+    d = ctx.options.dim
+    tolerance = sphere.unit_tolerance(ctx.options.jnp_dtype, d)
+    on_sphere = max(max(p["norm_drift"] for p in r["points"]) for r in rows if r["retracted"])
+    # The sphere solvers' drift comes from their sweeps (the retracted solves).
+    retracted = [max(p["norm_drift"] for p in _shared_sweep(ctx, spec).rows)
+                 for spec in SOLVERS.values()]
+    off = [r["points"][0]["norm_drift"] for r in rows if not r["retracted"]]
+    passed = max(retracted) <= tolerance and all(v > tolerance for v in off)
+    figures = {"max_drift_on_sphere": max(max(retracted), on_sphere),
+               "min_coarsest_drift_off_sphere": min(off) if off else None}
+    flat = [{"solver": r["solver"], "retracted": r["retracted"], **p}
+            for r in rows for p in r["points"]]
+    return Evidence(passed, figures,
+                    f"sphere solvers' drift <= {tolerance:.1e}; plain methods' drift above it",
+                    flat)
+
