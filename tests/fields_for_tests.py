@@ -1,6 +1,6 @@
 """Small smooth tangent fields on (S^{d-1})^n for testing the solvers.
 
-* :func:`attention_field`: an attention-like field (SVFLOW.md section 3, one head)
+* :func:`attention_field`: an attention-like field (docs/theory.md section 4, one head)
   ``v_i(t, X) = P_{x_i} sum_j softmax_j(beta <A(t) x_i, x_j>) W(t) x_j`` with
   ``A(t) = A0 + sin(t) A1`` and ``W(t) = W0 + cos(2t) W1``;
 * :func:`linear_field`: ``v(t, x) = P_x M(t) x`` with ``M(t) = M0 + sin(3t) M1``;

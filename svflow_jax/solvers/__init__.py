@@ -1,7 +1,7 @@
 """Diffrax solvers that stay on the sphere.
 
 A Transformer layer ``x <- R(x + h v_t(x))`` (``R(y) = y / |y|``) is one step of the retracted
-forward-Euler method for the ODE ``dx/dt = v_t(x)`` on ``S^{d-1}`` (SVFLOW.md sections 5, 6).
+forward-Euler method for the ODE ``dx/dt = v_t(x)`` on ``S^{d-1}`` (docs/theory.md sections 8, 9).
 This package provides that step and its higher-order relatives as real
 :class:`diffrax.AbstractSolver` subclasses, so they work with :func:`diffrax.diffeqsolve`,
 every :class:`diffrax.SaveAt`, step-size controllers and

@@ -2,9 +2,9 @@
 
 With ``h = t1 - t0``, ``f = f(t0, y0)`` tangent at ``y0`` and ``R(y) = y / |y|`` per row:
 
-* :class:`RetractedEuler`: ``y1 = R(y0 + h f)``, one post-norm Transformer layer (SVFLOW.md
-  section 5). ``|y0 + h f|^2 = 1 + h^2 |f|^2``, so ``y1 = exp_{y0}(h f) + O(h^3)``: local error
-  ``O(h^2)``, order 1.
+* :class:`RetractedEuler`: ``y1 = R(y0 + h f)``, one post-norm Transformer layer
+  (docs/theory.md section 9). ``|y0 + h f|^2 = 1 + h^2 |f|^2``, so
+  ``y1 = exp_{y0}(h f) + O(h^3)``: local error ``O(h^2)``, order 1.
 * :class:`GeodesicEuler`: ``y1 = exp_{y0}(h f) = cos(h|f|) y0 + sin(h|f|) f / |f|``, Euler along
   the great circle. Order 1.
 * :class:`VariableStepRetractedEuler`: the *standard* post-norm layer ``R(y + h u)`` with an
@@ -33,7 +33,7 @@ __all__ = ["RetractedEuler", "GeodesicEuler", "VariableStepRetractedEuler"]
 class RetractedEuler(AbstractSphereSolver):
     """Retracted forward Euler: ``y1 = R(y0 + h f(t0, y0))``, ``R(y) = y / |y|`` per row.
 
-    This is one post-norm Transformer layer (SVFLOW.md section 5). Order 1. No error estimate
+    This is one post-norm Transformer layer (docs/theory.md section 9). Order 1. No error estimate
     (use fixed steps). Dense output: :class:`RetractedLinearInterpolation`.
     """
 

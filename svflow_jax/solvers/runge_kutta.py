@@ -6,7 +6,7 @@ that ODE conserves ``|y|``, and on ``|y| = 1`` it is the spherical flow, so one 
 point of the sphere is ``O(h^{p+1})`` close to the exact flow ``x`` (a point of the sphere), and
 ``|R(y) - x| <= 2 |y - x|`` (``R`` moves ``y`` by its distance to the sphere, at most
 ``|y - x|``): the order stays ``p``. The stages are read on the sphere
-(SVFLOW.md section 6: "stage states retracted"), the error estimate is the inner solver's
+(docs/theory.md section 8: stage states retracted), the error estimate is the inner solver's
 (adaptive stepping works unchanged) and the dense output is the inner interpolant, retracted.
 
 :class:`RK4` is Kutta's classical method as a diffrax explicit Runge-Kutta method:
@@ -83,7 +83,7 @@ class Retracted(AbstractWrappedSolver):
     """Adds the retraction ``R(y) = y / |y|`` to any diffrax solver.
 
     * the vector field is evaluated at retracted states: ``vf(t, y) = f(t, R(y))``, so every
-      Runge-Kutta stage is read on the sphere (SVFLOW.md section 6: "stage states retracted");
+      Runge-Kutta stage is read on the sphere (docs/theory.md section 8: stage states retracted);
     * the step output is retracted: ``y1 = R(inner_step(y0))``;
     * dense output (``SaveAt(ts=...)``, ``SaveAt(dense=True)``) is the inner interpolation,
       retracted (:class:`RetractedInterpolation`).

@@ -77,7 +77,8 @@ class Strang(AbstractSplitting):
 
     ``MultiTerm(attention, ffn)`` gives the Macaron block (half FFN, attention, half FFN).
     Order: ``min(2, order of the sub-step)``. With Euler sub-steps it is only first order: the
-    ``h^2`` error ``-(A'A/2 + B'B/4 + dA/dt/2 + dB/dt/4) h^2`` does not cancel (SVFLOW.md 5);
+    ``h^2`` error ``-(A'A/2 + B'B/4 + dA/dt/2 + dB/dt/4) h^2`` does not cancel
+    (docs/theory.md section 11);
     second-order sub-steps (``Retracted(Heun())``, ``Retracted(Midpoint())``) give order 2.
     """
 
