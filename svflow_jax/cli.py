@@ -97,7 +97,7 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{c.name:<34} {c.statement}")
         return 0
     try:
-        claims_mod.select(args.only)
+        chosen = claims_mod.select(args.only)
     except ValueError as err:
         parser.error(str(err))
     cache = _setup_jax(args)
@@ -106,14 +106,13 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from . import report, verify
 
     out = Path(args.out or _default_out("verify"))
-    chosen = claims_mod.select(args.only)
     with tqdm(total=len(chosen), desc="svflow verify", unit="claim",
               disable=args.no_progress) as bar:
         def tick(name: str) -> None:
             bar.set_postfix_str(name)
             bar.update(1)
 
-        results, compile_info = verify.run(options, args.only, progress=tick)
+        results, compile_info = verify.run(options, chosen, progress=tick)
     summary = verify.summary(results, options, compile_info,
                              {"quick": args.quick, "only": args.only, "out": str(out),
                               "compile_cache": cache})
@@ -123,14 +122,14 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _print_verify(summary: dict, out: Path) -> None:
-    from .report import _mark, headline
+    from .report import headline, verdict
 
     print(f"\n{'claim':<34} {'figure':<34} result")
     for c in summary["claims"]:
-        print(f"{c['name']:<34} {headline(c):<34} {_mark(c['passed'])}")
+        print(f"{c['name']:<34} {headline(c):<34} {verdict(c['passed'])}")
     comp = summary["compile"]
-    verdict = "PASSED" if summary["passed"] else "FAILED"
-    print(f"\n{verdict}: {len(summary['claims'])} claims in {comp['total_s']:.1f} s "
+    overall = "PASSED" if summary["passed"] else "FAILED"
+    print(f"\n{overall}: {len(summary['claims'])} claims in {comp['total_s']:.1f} s "
           f"({comp['xla_compilations']} XLA compilations, {comp['compile_total_s']:.1f} s "
           f"compiling, {comp['cache_hits']} cached); report: {out / 'report.md'}")
 
@@ -163,6 +162,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm
 
     from .claims import Context, solver_sweep
+    from .report import verdict
 
     out = Path(args.out or _default_out("sweep"))
     out.mkdir(parents=True, exist_ok=True)
@@ -189,10 +189,9 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         rows.append(row)
     for r in rows:
         lo, hi = r["order_ci"]
-        verdict = {True: "PASS", False: "FAIL", None: "UNRESOLVED"}[r["passed"]]
         print(f"{r['solver']:<24} expected {r['expected_order']}  fitted "
               f"{r['fitted_order']:.2f}  95% [{lo:.2f}, {hi:.2f}]  {r['fit_points']} points  "
-              f"{verdict}")
+              f"{verdict(r['passed'])}")
     print(f"results in {out}" + (f" (compilation cache: {cache})" if cache else ""))
     return 0 if all(r["passed"] is True for r in rows) else 1
 
@@ -239,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--step-scale", type=_positive_float,
                         help="multiply every sweep's step counts (default 1)")
     verify.add_argument("--quick", action="store_true",
-                        help="small defaults (n=4, d=8, 4 layers, depths 8..64, 1 timing "
+                        help="small defaults (n=4, d=8, 4 layers, depths 16..64, 1 timing "
                         "repeat); explicit options still win")
     verify.add_argument("--only", nargs="+", metavar="PREFIX",
                         help="run only the claims whose name starts with PREFIX")

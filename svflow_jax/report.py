@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["headline", "write_all", "write_tables", "write_figures", "write_markdown"]
+__all__ = ["headline", "verdict", "write_all", "write_tables", "write_figures", "write_markdown"]
 
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
 STYLES = ("-", "--", "-.", ":")
@@ -56,7 +56,7 @@ def headline(claim: dict[str, Any]) -> str:
     return ""
 
 
-def _mark(passed: bool | None) -> str:
+def verdict(passed: bool | None) -> str:
     if passed is None:  # float32: too few points above round-off to fit an order
         return "UNRESOLVED (float32 round-off)"
     return "PASS" if passed else "FAIL"
@@ -203,7 +203,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
     lines = [
         "# svflow verify",
         "",
-        f"Overall: **{_mark(summary['passed'])}**. Seed {cfg['seed']}, {cfg['dtype']}, "
+        f"Overall: **{verdict(summary['passed'])}**. Seed {cfg['seed']}, {cfg['dtype']}, "
         f"n = {cfg['tokens']} tokens, d = {cfg['dim']}, {cfg['layers']} layers, T = {cfg['t1']}"
         f"{' (quick)' if cfg.get('quick') else ''}. {len(summary['claims'])} claims in "
         f"{comp['total_s']:.1f} s ({comp['xla_compilations']} XLA compilations, "
@@ -226,7 +226,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
             cells = [c["statement"], headline(c), c["tolerance"]]
             statement, figure, criterion = (cell.replace("|", "\\|") for cell in cells)
             lines.append(f"| `{c['name']}` | {statement} | {figure} | {criterion} | "
-                         f"{_mark(c['passed'])} |")
+                         f"{verdict(c['passed'])} |")
     lines += [""]
     for name in figures:
         lines += [f"![{name[:-4]}]({name})", ""]

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from .claims import ClaimResult, Context, Options, run_claims, select
+from .claims import Claim, ClaimResult, Context, Options, run_claims, select
 from .claims import measure as _measure
 
 __all__ = ["SCHEMA_VERSION", "CompileStats", "compile_stats", "default_cache_dir",
@@ -115,12 +115,12 @@ def compile_stats() -> Iterator[CompileStats]:
 
 
 def run(
-    options: Options, patterns: Iterable[str] | None = None,
+    options: Options, claims: Iterable[Claim] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[ClaimResult], dict[str, Any]]:
-    """Runs the selected claims (all by default); returns the results and the compile
+    """Runs ``claims`` (default: every registered claim); returns the results and the compile
     statistics (with ``total_s``)."""
-    claims = select(patterns)
+    claims = select() if claims is None else list(claims)
     start = time.perf_counter()
     with compile_stats() as stats:
         results = run_claims(Context(options), claims, progress)
