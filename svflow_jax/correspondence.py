@@ -58,7 +58,15 @@ from .flow import (
     ScoreNetworks,
     SumField,
 )
-from .solvers import LieTrotter, RetractedEuler, Strang, VariableStepRetractedEuler, solve
+from .solvers import (
+    LieTrotter,
+    RetractedEuler,
+    SolveError,
+    Strang,
+    VariableStepRetractedEuler,
+    solve,
+)
+from .solvers.solve import time_value
 from .transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
 
 __all__ = [
@@ -234,33 +242,36 @@ def flow_states(
     config: TransformerConfig,
     x0: Float[Array, "... n d"],
     solver: AbstractSolver | None = None,
+    throw: bool = True,
 ) -> Float[Array, "L ... n d"]:
     """The flow's discrete trajectory at ``t_1..t_L``, in the Transformer's units.
 
     ``x0`` is the Transformer's first hidden state (post-norm: after the input Norm, so
     ``|x0_i| = sqrt(d)``; pre-norm: the raw residual stream). ``solver`` defaults to the one the
     block *is* (module docstring); pass another to integrate the same flow differently.
+    ``throw=False`` (under ``jit``): no runtime checks in the program; a failed step (a
+    standard post-norm step across the origin) comes back as NaN for the caller to check.
     """
     x0 = jnp.asarray(x0)
     grid = dict(num_steps=flow.num_layers, saveat=diffrax.SaveAt(steps=True))
     if config.norm_position == "post":
         if solver is None:
-            step = RetractedEuler() if config.project_branches else VariableStepRetractedEuler()
+            step = (RetractedEuler() if config.project_branches
+                    else VariableStepRetractedEuler(check=throw))
             solver = _block_solver(config.block, step)
         kind = "riemannian" if config.project_branches else "drift"
         sol = solve(_terms(flow, config.block, kind), x0 / flow.radius, 0.0, flow.t1,
-                    solver=solver, **grid)
+                    solver=solver, throw=throw, **grid)
         return sol.ys * flow.radius
     if solver is None:
         solver = _block_solver(config.block, diffrax.Euler())
     # Pre-norm states are not on the sphere: plain diffrax on the ambient ODE.
-    dtype = x0.dtype
-    times = jnp.arange(flow.num_layers + 1, dtype=dtype) * jnp.asarray(flow.step, dtype)
+    t1 = time_value(flow.t1, x0.dtype)  # known: no runtime check in the program
     kind = "ambient-projected" if config.project_branches else "ambient"
-    sol = diffrax.diffeqsolve(
-        _terms(flow, config.block, kind), solver, times[0], times[-1], None,
-        x0 / flow.radius, saveat=diffrax.SaveAt(steps=True),
-        stepsize_controller=diffrax.StepTo(ts=times), max_steps=flow.num_layers,
+    sol = diffrax.diffeqsolve(  # L constant steps t1 / L: exactly L steps (as in solve)
+        _terms(flow, config.block, kind), solver, time_value(0.0, x0.dtype), t1,
+        t1 / flow.num_layers, x0 / flow.radius, saveat=diffrax.SaveAt(steps=True),
+        max_steps=flow.num_layers, throw=throw,
     )
     return sol.ys * flow.radius
 
@@ -294,6 +305,11 @@ def layer_gaps(
     """
     per_layer, moved, scale, substeps = _layer_gaps(config, dict(params), dict(outer or {}),
                                                     jnp.asarray(x), solver)
+    if not bool(jnp.all(jnp.isfinite(per_layer))):  # checked here: the program stays cacheable
+        raise SolveError(
+            "the flow side returned NaN: a standard post-norm step with 1 + h x.u <= 0 (x + h u "
+            "crossed the origin, so the layer is not a retracted Euler step of the flow: the "
+            "step h is too large), or the field produced NaN")
     return {"per_layer": per_layer, "moved": moved, "scale": scale, "substep_states": substeps}
 
 
@@ -302,7 +318,7 @@ def _layer_gaps(config, params, outer, x, solver):
     substeps = Transformer.from_layer_params(config, params, outer or None).hidden_states(
         x, substeps=True)
     states = substeps[:: config.n_substeps]
-    ys = flow_states(to_flow(config, params), config, states[0], solver)
+    ys = flow_states(to_flow(config, params), config, states[0], solver, throw=False)
     per_layer = jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
     moved = jnp.max(sphere.geodesic_distance(sphere.retract(states[0]),
                                              sphere.retract(states[-1])))

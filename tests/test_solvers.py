@@ -1065,3 +1065,22 @@ def test_variable_step_retracted_euler_is_the_standard_post_norm_layer():
         jax.block_until_ready(_one_step(
             VariableStepRetractedEuler(),
             diffrax.ODETerm(lambda t, x, a: unprojected(t, x, a) - (1 / h) * x), 2 * h))
+
+
+def test_jitted_fixed_step_solve_without_throw_has_no_host_callback():
+    """``solve(..., num_steps=L, throw=False)`` under ``jit`` in float64 puts no runtime check
+    (a host callback) into the program, so JAX's persistent compilation cache can keep it;
+    with ``throw=True`` the checks are there. Both give the same states."""
+
+    def field(t, y, args):
+        return sphere.project_tangent(y, jnp.roll(y, 1, axis=-1))
+
+    y0 = sphere.retract(jnp.asarray(np.random.default_rng(0).standard_normal((3, 4))))
+
+    def run(throw):
+        return solve(field, y0, 0.0, 1.0, solver=RetractedEuler(), num_steps=7,
+                     throw=throw).ys[-1]
+
+    assert "callback" not in str(jax.make_jaxpr(lambda: run(False))())
+    assert "callback" in str(jax.make_jaxpr(lambda: run(True))())
+    np.testing.assert_array_equal(jax.jit(lambda: run(False))(), jax.jit(lambda: run(True))())

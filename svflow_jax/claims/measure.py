@@ -87,8 +87,12 @@ def geodesic_error(a: Float[Array, "... n d"], b: Float[Array, "... n d"]) -> fl
     """``max_i dist(R(a_i), R(b_i))``: the largest geodesic distance between directions."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     dtype = jnp.result_type(a, b)
-    return float(jnp.max(sphere.geodesic_distance(sphere.retract(a.astype(dtype)),
-                                                  sphere.retract(b.astype(dtype)))))
+    return float(_geodesic_error(a.astype(dtype), b.astype(dtype)))
+
+
+@jax.jit
+def _geodesic_error(a, b):  # one program per shape instead of one per operation
+    return jnp.max(sphere.geodesic_distance(sphere.retract(a), sphere.retract(b)))
 
 
 def _float64(tree):

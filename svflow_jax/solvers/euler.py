@@ -78,10 +78,15 @@ class VariableStepRetractedEuler(AbstractSphereSolver):
     ``y + h u = (1 + h y.u) y + h P_y u``, the two are equal whenever ``1 + h y.u > 0``. The
     radial part of ``u`` only rescales the step, ``h' = h + O(h^2)``: first order, same ODE.
 
-    Where ``1 + h y.u <= 0`` the point ``y + h u`` lies beyond the origin and the layer returns
-    the antipode of any step along the sphere: no retracted Euler step describes it. The solver
-    then raises (also under ``jit``) instead of returning a wrong state.
+    Where ``1 + h y.u <= 0`` the point ``y + h u`` lies in the half-space ``z . y <= 0`` and the
+    layer returns the antipode of any step along the sphere: no retracted Euler step describes
+    it. The solver then raises (also under ``jit``) instead of returning a wrong state; with
+    ``check=False`` it returns NaN for those tokens instead (no runtime check in the compiled
+    program, so the program can go to the persistent compilation cache; the caller must look
+    for NaN).
     """
+
+    check: bool = eqx.field(default=True, static=True)
 
     def order(self, terms) -> int:
         return 1
@@ -94,6 +99,9 @@ class VariableStepRetractedEuler(AbstractSphereSolver):
         radial = sphere.dot(y0, u)
         factor = 1 + h * radial
         y1 = sphere.retract(y0 + (h / factor) * sphere.project_tangent(y0, u))
+        if not self.check:
+            y1 = jnp.where(factor > 0, y1, jnp.nan)
+            return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
         y1 = eqx.error_if(
             y1, jnp.any(factor <= 0),
             "standard post-norm step with 1 + h x.u <= 0: x + h u crossed the origin, so the "

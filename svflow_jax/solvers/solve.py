@@ -24,6 +24,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from diffrax import RESULTS, AbstractSolver, AbstractTerm, AbstractWrappedSolver, MultiTerm, ODETerm
 from jaxtyping import ArrayLike, Float, PyTree
 
@@ -31,7 +32,7 @@ from svflow_jax import sphere
 
 from .splitting import AbstractSplitting
 
-__all__ = ["SolveError", "solve", "stays_on_sphere"]
+__all__ = ["SolveError", "solve", "stays_on_sphere", "time_value"]
 
 
 class SolveError(RuntimeError):
@@ -155,13 +156,28 @@ def _is_concrete(x) -> bool:
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jtu.tree_leaves(x))
 
 
-def _check(x: PyTree, bad, message: str) -> PyTree:
-    """Raise ``ValueError(message)`` if ``bad``; under tracing, a runtime error instead."""
+def time_value(t, dtype):
+    """A time for :func:`diffrax.diffeqsolve` with states of ``dtype``.
+
+    A known float64 time is passed as a Python float: diffrax then checks it while tracing,
+    instead of putting a runtime check (a host callback, which keeps a program out of JAX's
+    persistent compilation cache) into the program. Other times are arrays of ``dtype``: a
+    Python float would promote float32 states to float64 under ``jax_enable_x64``.
+    """
+    known = not isinstance(t, jax.core.Tracer) and np.ndim(t) == 0
+    if known and jnp.dtype(dtype) == jnp.float64:
+        return float(t)
+    return jnp.asarray(t, dtype=dtype)
+
+
+def _check(x: PyTree, bad, message: str, throw: bool = True) -> PyTree:
+    """Raise ``ValueError(message)`` if ``bad``; under tracing, a runtime error instead (or
+    nothing, with ``throw=False``)."""
     if _is_concrete(bad):
         if bool(bad):
             raise ValueError(message)
         return x
-    return eqx.error_if(x, bad, message)
+    return eqx.error_if(x, bad, message) if throw else x
 
 
 def _as_terms(field) -> PyTree[AbstractTerm]:
@@ -206,6 +222,7 @@ def solve(
     adjoint: diffrax.AbstractAdjoint | None = None,
     args: PyTree = None,
     off_sphere: bool = False,
+    throw: bool = True,
 ) -> diffrax.Solution:
     """Solve ``dy/dt = field(t, y, args)`` on the sphere from ``t0`` to ``t1 > t0``.
 
@@ -223,8 +240,8 @@ def solve(
     * ``y0``: floating array of shape ``(..., n, d)``, ``d >= 2``, finite, rows of unit norm
       (to :func:`svflow_jax.sphere.unit_tolerance`, ``32 sqrt(d) eps`` of its dtype).
     * Steps: exactly one of ``dt0 > 0`` (first/constant step), ``num_steps`` (that many equal
-      steps, ``diffrax.StepTo``: a depth-``num_steps`` Transformer; ``max_steps`` is then set
-      to ``num_steps``), or an adaptive ``stepsize_controller`` with ``dt0=None``.
+      steps ``(t1 - t0) / num_steps``: a depth-``num_steps`` Transformer; ``max_steps`` is then
+      set to ``num_steps``), or an adaptive ``stepsize_controller`` with ``dt0=None``.
     * Times (``t0``, ``t1``, ``dt0``, ``SaveAt(ts=...)``) are cast to ``y0``'s dtype, so a
       float32 state stays float32 even under ``jax_enable_x64`` with Python-float times.
     * ``adjoint`` defaults to :class:`diffrax.RecursiveCheckpointAdjoint`;
@@ -234,7 +251,10 @@ def solve(
     Never returns a wrong state silently: if the solve hits ``max_steps`` or fails, it raises
     :class:`SolveError`, or, under ``jit``/``vmap``, a runtime error carrying the same message
     (via :func:`equinox.error_if`). Invalid inputs raise ``ValueError`` (runtime errors for
-    value checks on traced inputs).
+    value checks on traced inputs). ``throw=False`` drops the runtime checks from a traced
+    program (they are host callbacks, which keep the program out of JAX's persistent
+    compilation cache); the caller then checks ``sol.result`` and NaN itself. Eager calls
+    always check.
     """
     if not isinstance(solver, AbstractSolver):
         raise ValueError(f"solver must be a diffrax.AbstractSolver, got {type(solver).__name__}")
@@ -254,21 +274,22 @@ def solve(
             f"y0 must have shape (..., n, d) with d >= 2 (points of S^(d-1)), got {y0.shape}"
         )
     dtype, d = y0.dtype, y0.shape[-1]
-    y0 = _check(y0, ~jnp.all(jnp.isfinite(y0)), "y0 contains NaN or inf")
+    y0 = _check(y0, ~jnp.all(jnp.isfinite(y0)), "y0 contains NaN or inf", throw)
     tol = sphere.unit_tolerance(dtype, d)
     y0 = _check(
         y0,
         jnp.any(sphere.off_sphere(y0, tol)),
         f"the rows of y0 must be unit vectors (| |y0_i| - 1 | <= {tol:.1e} in {dtype}); "
         "normalise them first, e.g. with svflow_jax.sphere.retract",
+        throw,
     )
 
     # --- times, in the state's dtype --------------------------------------------------------
-    t0 = jnp.asarray(t0, dtype=dtype)
-    t1 = jnp.asarray(t1, dtype=dtype)
-    if t0.ndim != 0 or t1.ndim != 0:
+    t0, t1 = time_value(t0, dtype), time_value(t1, dtype)
+    if np.ndim(t0) != 0 or np.ndim(t1) != 0:
         raise ValueError("t0 and t1 must be scalars")
-    y0 = _check(y0, ~(t1 > t0), "t1 must be greater than t0 (and both finite)")
+    y0 = _check(y0, jnp.logical_not(t1 > t0), "t1 must be greater than t0 (and both finite)",
+                throw)
 
     if num_steps is not None:
         if dt0 is not None or stepsize_controller is not None:
@@ -276,7 +297,11 @@ def solve(
         if int(num_steps) < 1:
             raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
         num_steps = int(num_steps)
-        stepsize_controller = diffrax.StepTo(ts=jnp.linspace(t0, t1, num_steps + 1))
+        # Constant steps (t1 - t0) / num_steps land on t1 in exactly num_steps steps (diffrax
+        # clips the last one to t1); unlike StepTo, no runtime check of the grid goes into
+        # the program, so it stays cacheable.
+        dt0 = (t1 - t0) / num_steps
+        stepsize_controller = diffrax.ConstantStepSize()
         max_steps = num_steps
     else:
         if stepsize_controller is None:
@@ -286,10 +311,10 @@ def solve(
                 "no step size: give dt0 > 0, num_steps, or an adaptive stepsize_controller"
             )
         if dt0 is not None:
-            dt0 = jnp.asarray(dt0, dtype=dtype)
-            if dt0.ndim != 0:
+            dt0 = time_value(dt0, dtype)
+            if np.ndim(dt0) != 0:
                 raise ValueError("dt0 must be a scalar")
-            y0 = _check(y0, ~(dt0 > 0), "dt0 must be positive (and finite)")
+            y0 = _check(y0, jnp.logical_not(dt0 > 0), "dt0 must be positive (and finite)", throw)
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
 
@@ -325,7 +350,9 @@ def solve(
         max_steps=int(max_steps),
         throw=False,
     )
-    return _raise_if_failed(sol, int(max_steps))
+    if throw or _is_concrete(sol.result):
+        return _raise_if_failed(sol, int(max_steps))
+    return sol
 
 
 def _raise_if_failed(sol: diffrax.Solution, max_steps: int) -> diffrax.Solution:
