@@ -171,17 +171,24 @@ def float32_bound(ctx: Context) -> Evidence:
 
 @claim("round-trip", "exactness",
        "Transformer weights -> flow parameters -> Transformer weights is bit-identical, for "
-       "every block x FFN kind x MHA/GQA x gains x post/pre-norm.")
+       "every block x FFN kind x MHA/GQA x gains x post/pre-norm, and two float32 variants.")
 def round_trip(ctx: Context) -> Evidence:
     count, failures = 0, []
     ffns = {"gelu": dict(ffn="gelu"), "swiglu": dict(ffn="swiglu"),
             "moe-gelu": dict(ffn="moe", n_experts=4, top_k=2, expert_ffn="gelu"),
             "moe-swiglu": dict(ffn="moe", n_experts=4, top_k=2, expert_ffn="swiglu")}
     heads = {"mha": {}, "gqa": dict(n_heads=4, n_kv_heads=2)}
-    for block, ffn, head, gain, position in itertools.product(
-            ("sequential", "parallel", "macaron"), ffns, heads, (False, True), ("post", "pre")):
+    variants = [(block, ffn, head, gain, position, ctx.options.dtype)
+                for block, ffn, head, gain, position in itertools.product(
+                    ("sequential", "parallel", "macaron"), ffns, heads, (False, True),
+                    ("post", "pre"))]
+    # float32 too, where d / sqrt(d_head) is not a float32 round number
+    variants += [("sequential", "gelu", "gqa", False, "post", "float32"),
+                 ("sequential", "moe-gelu", "mha", True, "post", "float32")]
+    for block, ffn, head, gain, position, dtype in variants:
         config = _variant_config(ctx, dict(block=block, norm_gain=gain, norm_position=position,
-                                           n_layers=2, **ffns[ffn], **heads[head]))
+                                           n_layers=2, param_dtype=jnp.dtype(dtype),
+                                           **ffns[ffn], **heads[head]))
         params = random_params(config, ctx.options.seed + count)
         if gain:  # gains other than 1 must survive too
             params = correspondence.with_gains(config, params, 1.25)
@@ -193,7 +200,7 @@ def round_trip(ctx: Context) -> Evidence:
             if not (a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()):
                 bad.append(name)
         if bad:
-            failures.append({"variant": f"{block}/{ffn}/{head}/gain={gain}/{position}",
+            failures.append({"variant": f"{block}/{ffn}/{head}/gain={gain}/{position}/{dtype}",
                              "arrays": ";".join(bad)})
         count += 1
     return Evidence(not failures, {"variants": count, "not_identical": len(failures)},
