@@ -19,9 +19,13 @@ router ``x W_r``                           router posterior ``softmax(rho u W_r)
 residual step ``h``, ``L`` layers          step ``h`` on ``[0, L h]``, ``PiecewiseConstant``
 =========================================  ==================================================
 
-Exactness needs RMSNorm with ``norm_eps = 0`` and gains of 1 (a gain ``g`` maps onto an
-ellipsoid instead, :func:`ellipsoid_residual`); biases and rotary embeddings have no flow
-counterpart here and are refused. Which solver the stack *is* depends on the block:
+Post-norm exactness needs RMSNorm with ``norm_eps = 0`` and gains of 1 (a gain ``g`` maps
+onto an ellipsoid instead, :func:`ellipsoid_residual`). Pre-norm stacks are exact with what
+real checkpoints use: ``norm_eps`` (the field reads ``y / sqrt(|y|^2 + eps)``), gains (folded
+into the first linear maps), Q/K/V/O and FFN biases (offsets), RoPE (the kernel's position
+rotation) and per-head Q/K RMSNorm (a kernel on the sphere); see :func:`to_flow` and
+docs/theory.md, section 16. LayerNorm is refused. Which solver the stack *is* depends on the
+block:
 
 =====================  ==============================  ======================================
 block                  post-norm (on the sphere)       pre-norm (ambient ``dy/dt = F(y/|y|)``)
@@ -64,6 +68,7 @@ from .solvers import (
     SolveError,
     Strang,
     VariableStepRetractedEuler,
+    WithinStep,
     solve,
 )
 from .solvers.solve import time_value
@@ -71,6 +76,7 @@ from .transformer import Transformer, TransformerConfig, layer_params, outer_nor
 
 __all__ = [
     "LayerFlow",
+    "check_supported",
     "to_flow",
     "to_transformer_params",
     "VariableStepRetractedEuler",
@@ -99,6 +105,8 @@ class LayerFlow(eqx.Module):
         num_layers: ``L``; the flow runs on ``[0, L h]``.
         radius: ``rho``, the radius of the sphere the Transformer's states live on.
         passthrough: Transformer-only arrays (norm gains), kept for the round trip.
+        eps: the pre-norm field reads ``y / sqrt(|y|^2 + eps)`` (the Norm's epsilon; 0: the
+            retraction ``y / |y|``).
     """
 
     attention: AttentionField
@@ -107,6 +115,7 @@ class LayerFlow(eqx.Module):
     step: float = eqx.field(static=True)
     num_layers: int = eqx.field(static=True)
     radius: float = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=0.0)
 
     @property
     def t1(self) -> float:
@@ -118,52 +127,115 @@ class LayerFlow(eqx.Module):
         return SumField(self.attention, self.experts)
 
 
-def _check_supported(config: TransformerConfig) -> None:
+def check_supported(config: TransformerConfig) -> None:
+    """Raises a ``ValueError`` naming every reason ``config`` is not a discretisation of an
+    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack)."""
     problems = []
     if config.norm != "rms":
-        problems.append(f"norm={config.norm!r} (need 'rms': LayerNorm also centres)")
-    if config.norm_eps != 0:
-        problems.append(f"norm_eps={config.norm_eps} (need 0 for an exact retraction)")
-    if config.any_bias:
-        problems.append("biases are set (biases have no flow counterpart yet)")
-    if config.qk_norm:
-        problems.append("qk_norm is set (per-head query/key norms have no flow counterpart yet)")
-    if config.rope is not None:
-        problems.append("rope is set (rotary embeddings have no flow counterpart yet)")
+        problems.append(
+            f"norm={config.norm!r} (need 'rms': a LayerNorm with gain and bias maps onto an "
+            "affine ellipsoid of the centred hyperplane, not a sphere; measure the departure "
+            "with ellipsoid_residual / sphere_departure)")
+    if config.norm_position == "post" and config.norm_eps != 0:
+        problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
+                        "the Norm is not the retraction onto the sphere)")
     if problems:
         raise ValueError("this Transformer is not an SVFlow discretisation: " + "; ".join(problems))
 
 
-def _expert_networks(config: TransformerConfig, p: Mapping[str, Array]) -> ScoreNetworks:
+def _branch_gains(config: TransformerConfig, params: Mapping[str, Array]):
+    """The (L, d) gains of the Norms in front of the attention and the FFN branch of a pre-norm
+    stack (``None`` where there are none: post-norm gains are not in front of a branch)."""
+    if config.norm_position != "pre" or not config.norm_gain:
+        return None, None
+    if config.block == "parallel":
+        return params["norm_gain"], params["norm_gain"]
+    return params["norm_attn_gain"], params["norm_ffn_gain"]
+
+
+def _gain_axes(gain: Array, w: Array, experts: bool) -> Array:
+    """``gain (L, d)`` shaped to multiply the ``d`` axis of ``w``: axis 1, or axis 2 after an
+    expert axis."""
+    g = gain[:, None] if experts else gain
+    return g.reshape(g.shape + (1,) * (w.ndim - g.ndim))
+
+
+def _fold(gain: Array | None, w: Array, experts: bool = False) -> Array:
+    """``diag(g) W``: a Norm gain folded into the first linear map of a branch."""
+    return w if gain is None else _gain_axes(gain, w, experts) * w
+
+
+def _unfold(gain: Array | None, w: Array, experts: bool = False) -> Array:
+    return w if gain is None else w / _gain_axes(gain, w, experts)
+
+
+def _expert_networks(
+    config: TransformerConfig, p: Mapping[str, Array], gain: Array | None
+) -> ScoreNetworks:
     moe = config.ffn == "moe"
     expand = (lambda a: a) if moe else (lambda a: a[:, None])  # a dense FFN is one expert
+
+    def first(name):  # a first linear map, with the gain of the Norm in front folded in
+        return expand(_fold(gain, p[name], experts=moe))
+
+    def bias(name):
+        return expand(p[name]) if name in p else None
+
     if config.expert_kind == "gelu":
-        return ScoreNetworks(w1=expand(p["w_in"]), w2=expand(p["w_out"]), activation="gelu")
-    return ScoreNetworks(
-        w1=expand(p["w_gate"]), w2=expand(p["w_down"]), w3=expand(p["w_up"]),
-        activation="swiglu",
-    )
+        return ScoreNetworks(w1=first("w_in"), w2=expand(p["w_out"]), activation="gelu",
+                             b1=bias("b_in"), b2=bias("b_out"))
+    return ScoreNetworks(w1=first("w_gate"), w2=expand(p["w_down"]), w3=first("w_up"),
+                         activation="swiglu", b1=bias("b_gate"), b2=bias("b_down"),
+                         b3=bias("b_up"))
 
 
 def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow:
-    """Converts stacked Transformer weights (:func:`layer_params` layout) into a LayerFlow."""
-    _check_supported(config)
+    """Converts stacked Transformer weights (:func:`layer_params` layout) into a LayerFlow.
+
+    The flow's state is ``y = x / rho``. What real (pre-norm) checkpoints add maps as follows
+    (docs/theory.md, "Real pre-norm models"): the gains of the Norm in front of a branch fold
+    into that branch's first linear maps (``W_Q``, ``W_K``, ``W_V``, ``W_gate``, ``W_up``,
+    ``W_in``, the router); Q/K/V/O biases become the kernel's and the scores' offsets (divided
+    by ``rho``); a per-head RMSNorm of queries and keys puts the kernel's embeddings on a
+    sphere (concentration ``1 / sqrt(dk)`` times the gains, eps ``norm_eps / d``); RoPE is the
+    kernel's position rotation; ``norm_eps`` stays with the stack (:func:`flow_states` reads the
+    pre-norm field at ``y / sqrt(|y|^2 + eps)``). FFN biases pass unchanged (the score networks
+    act on ``rho y``).
+    """
+    check_supported(config)
     d, h = config.d_model, float(config.residual_scale)
     if not h > 0:
         raise ValueError(f"the residual step h must be positive to be a time step, got {h}")
     radius = math.sqrt(d)
-    group = config.n_heads // config.kv_heads
+    L, H, k = config.n_layers, config.n_heads, config.d_head
+    group = H // config.kv_heads
+    dtype = params["wq"].dtype
+    g_attn, g_ffn = _branch_gains(config, params)
     # Grouped-query attention: query head h reads key/value head h // group.
-    kv = lambda a: jnp.repeat(a, group, axis=2)  # noqa: E731
-    concentration = jnp.full(
-        (config.n_layers, config.n_heads), d / math.sqrt(config.d_head), params["wq"].dtype
-    )
+    kv = lambda a, axis=2: jnp.repeat(a, group, axis=axis)  # noqa: E731
+    extra = {}
+    if config.has_qkv_bias:
+        extra.update(query_offset=params["bq"] / radius, key_offset=kv(params["bk"], 1) / radius,
+                     natural_offset=kv(params["bv"], 1) / radius)
+    if config.has_out_bias:
+        extra["score_offset"] = params["bo"] / radius
+    if config.qk_norm:  # queries and keys on a sphere: the radius rho no longer enters
+        standard = 1 / math.sqrt(k)
+        extra.update(kernel_gain_query=jnp.repeat(params["q_norm_gain"][:, None], H, axis=1),
+                     kernel_gain_key=jnp.repeat(params["k_norm_gain"][:, None], H, axis=1),
+                     kernel_eps=config.norm_eps / d)
+    else:
+        standard = d / math.sqrt(k)
+    if config.rope is not None:
+        frequencies = jnp.asarray(config.rope.inv_freq(k), dtype)
+        extra["rotation_frequencies"] = jnp.broadcast_to(frequencies, (L, k // 2))
     attention = AttentionParams(
-        kernel_query=params["wq"], kernel_key=kv(params["wk"]), concentration=concentration,
-        natural_in=kv(params["wv"]), natural_out=params["wo"],
+        kernel_query=_fold(g_attn, params["wq"]), kernel_key=kv(_fold(g_attn, params["wk"])),
+        concentration=jnp.full((L, H), standard, dtype),
+        natural_in=kv(_fold(g_attn, params["wv"])), natural_out=params["wo"], **extra,
     )
-    router = RouterPosterior(params["router"]) if config.ffn == "moe" else None
-    experts = ExpertsParams(experts=_expert_networks(config, params), router=router)
+    router = RouterPosterior(_fold(g_ffn, params["router"])) if config.ffn == "moe" else None
+    experts = ExpertsParams(experts=_expert_networks(config, params, g_ffn), router=router)
     return LayerFlow(
         attention=AttentionField(PiecewiseConstant(attention, h), causal=config.causal),
         experts=ExpertsField(PiecewiseConstant(experts, h), top_k=config.top_k, radius=radius),
@@ -171,38 +243,62 @@ def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow
         step=h,
         num_layers=config.n_layers,
         radius=radius,
+        eps=config.norm_eps,
     )
 
 
 def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[str, Array]:
     """The inverse of :func:`to_flow`: stacked weights in the :func:`layer_params` layout.
 
-    A per-head concentration other than the Transformer's ``d / sqrt(dk)`` is folded into
-    ``wq`` (a factor of exactly 1 when it matches, so round trips are bit-identical).
+    A per-head concentration other than the Transformer's ``d / sqrt(dk)`` (``1 / sqrt(dk)``
+    with ``qk_norm``) is folded into ``wq`` (a factor of exactly 1 when it matches, so round
+    trips are bit-identical). Pre-norm gains are unfolded by division and biases multiplied
+    back by ``rho``: those arrays come back within two roundings (``|w' - w| <= 2^-52 |w|`` in
+    float64), the others bit-identical.
     """
-    _check_supported(config)
+    check_supported(config)
     group = config.n_heads // config.kv_heads
+    radius = flow.radius
     theta: AttentionParams = flow.attention.params.anchors
+    g_attn, g_ffn = _branch_gains(config, flow.passthrough)
     # The same rounding as in to_flow; where the concentration IS that value the factor is set
     # to exactly 1 (in float32, XLA may divide via a rounded reciprocal: 0.99999994).
-    standard = jnp.asarray(config.d_model / math.sqrt(config.d_head), theta.concentration.dtype)
+    value = 1 / math.sqrt(config.d_head) if config.qk_norm else config.d_model / math.sqrt(
+        config.d_head)
+    standard = jnp.asarray(value, theta.concentration.dtype)
     same = theta.concentration == standard
     fold = jnp.where(same, 1.0, theta.concentration / standard)[:, None, :, None]
     out = {
-        "wq": theta.kernel_query * fold.astype(theta.kernel_query.dtype),
-        "wk": theta.kernel_key[:, :, ::group],
-        "wv": theta.natural_in[:, :, ::group],
+        "wq": _unfold(g_attn, theta.kernel_query * fold.astype(theta.kernel_query.dtype)),
+        "wk": _unfold(g_attn, theta.kernel_key[:, :, ::group]),
+        "wv": _unfold(g_attn, theta.natural_in[:, :, ::group]),
         "wo": theta.natural_out,
     }
+    if theta.query_offset is not None:
+        out.update(bq=theta.query_offset * radius, bk=theta.key_offset[:, ::group] * radius,
+                   bv=theta.natural_offset[:, ::group] * radius)
+    if theta.score_offset is not None:
+        out["bo"] = theta.score_offset * radius
+    if theta.kernel_gain_query is not None:
+        out.update(q_norm_gain=theta.kernel_gain_query[:, 0],
+                   k_norm_gain=theta.kernel_gain_key[:, 0])
     experts: ExpertsParams = flow.experts.params.anchors
-    squeeze = (lambda a: a) if config.ffn == "moe" else (lambda a: a[:, 0])
+    moe = config.ffn == "moe"
+    squeeze = (lambda a: a) if moe else (lambda a: a[:, 0])
     nets = experts.experts
+
+    def first(w):
+        return _unfold(g_ffn, squeeze(w), experts=moe)
+
     if nets.activation == "gelu":
-        out.update(w_in=squeeze(nets.w1), w_out=squeeze(nets.w2))
+        out.update(w_in=first(nets.w1), w_out=squeeze(nets.w2))
+        biases = {"b_in": nets.b1, "b_out": nets.b2}
     else:
-        out.update(w_gate=squeeze(nets.w1), w_up=squeeze(nets.w3), w_down=squeeze(nets.w2))
+        out.update(w_gate=first(nets.w1), w_up=first(nets.w3), w_down=squeeze(nets.w2))
+        biases = {"b_gate": nets.b1, "b_up": nets.b3, "b_down": nets.b2}
+    out.update({name: squeeze(b) for name, b in biases.items() if b is not None})
     if experts.router is not None:
-        out["router"] = experts.router.weight
+        out["router"] = _unfold(g_ffn, experts.router.weight)
     out.update(flow.passthrough)
     return out
 
@@ -213,12 +309,14 @@ def _block_solver(block: str, step: AbstractSolver) -> AbstractSolver:
 
 class _Branch(eqx.Module):
     """One branch of a block as a diffrax vector field, read as the Transformer reads it:
-    ``riemannian`` ``v = P_y u``; ``drift`` the unprojected ``u``; ``ambient`` ``u(y / |y|)``;
-    ``ambient-projected`` ``v(y / |y|)``. A module (not a closure), so that a solver can
+    ``riemannian`` ``v = P_y u``; ``drift`` the unprojected ``u``; ``ambient`` ``u(S(y))``;
+    ``ambient-projected`` ``P_{R(y)} u(S(y))``, with ``S(y) = y / sqrt(|y|^2 + eps)`` the
+    (soft) retraction of a pre-norm layer. A module (not a closure), so that a solver can
     restrict its parameter path to the step (``within_step``)."""
 
     field: SumField | AttentionField | ExpertsField
     kind: str = eqx.field(static=True)
+    eps: float = eqx.field(static=True, default=0.0)
 
     def __call__(self, t, y, args):
         if self.kind == "riemannian":
@@ -226,15 +324,18 @@ class _Branch(eqx.Module):
         if self.kind == "drift":
             return self.field.drift(t, y)
         if self.kind == "ambient":
-            return self.field.ambient(t, y)
-        return self.field(t, sphere.retract(y))  # ambient-projected
+            return self.field.ambient(t, y, eps=self.eps)
+        # ambient-projected: P at the direction of S(y), which is R(y)
+        return sphere.project_tangent(sphere.retract(y), self.field.ambient(t, y, eps=self.eps))
 
 
 def _terms(flow: LayerFlow, block: str, kind: str):
     """The diffrax term(s) of each block: one field (parallel) or a MultiTerm (splittings)."""
+    eps = flow.eps if kind.startswith("ambient") else 0.0
     if block == "parallel":
-        return ODETerm(_Branch(flow.field, kind))
-    return MultiTerm(ODETerm(_Branch(flow.attention, kind)), ODETerm(_Branch(flow.experts, kind)))
+        return ODETerm(_Branch(flow.field, kind, eps))
+    return MultiTerm(ODETerm(_Branch(flow.attention, kind, eps)),
+                     ODETerm(_Branch(flow.experts, kind, eps)))
 
 
 def flow_states(
@@ -243,17 +344,24 @@ def flow_states(
     x0: Float[Array, "... n d"],
     solver: AbstractSolver | None = None,
     throw: bool = True,
+    steps_per_layer: int = 1,
 ) -> Float[Array, "L ... n d"]:
     """The flow's discrete trajectory at ``t_1..t_L``, in the Transformer's units.
 
     ``x0`` is the Transformer's first hidden state (post-norm: after the input Norm, so
     ``|x0_i| = sqrt(d)``; pre-norm: the raw residual stream). ``solver`` defaults to the one the
-    block *is* (module docstring); pass another to integrate the same flow differently.
+    block *is* (module docstring); pass another to integrate the same flow differently, with
+    ``steps_per_layer`` steps of ``h / steps_per_layer`` in each layer (every stage of a step
+    reads that layer's weights: pre-norm solvers are wrapped in :class:`WithinStep`).
     ``throw=False`` (under ``jit``): no runtime checks in the program; a failed step (a
     standard post-norm step across the origin) comes back as NaN for the caller to check.
     """
     x0 = jnp.asarray(x0)
-    grid = dict(num_steps=flow.num_layers, saveat=diffrax.SaveAt(steps=True))
+    m = int(steps_per_layer)
+    if m < 1:
+        raise ValueError(f"steps_per_layer must be >= 1, got {steps_per_layer}")
+    every = slice(m - 1, None, m)  # the states at the layer times t_1..t_L
+    grid = dict(num_steps=flow.num_layers * m, saveat=diffrax.SaveAt(steps=True))
     if config.norm_position == "post":
         if solver is None:
             step = (RetractedEuler() if config.project_branches
@@ -262,18 +370,18 @@ def flow_states(
         kind = "riemannian" if config.project_branches else "drift"
         sol = solve(_terms(flow, config.block, kind), x0 / flow.radius, 0.0, flow.t1,
                     solver=solver, throw=throw, **grid)
-        return sol.ys * flow.radius
-    if solver is None:
-        solver = _block_solver(config.block, diffrax.Euler())
+        return sol.ys[every] * flow.radius
+    solver = WithinStep(_block_solver(config.block, diffrax.Euler()) if solver is None
+                        else solver)
     # Pre-norm states are not on the sphere: plain diffrax on the ambient ODE.
     t1 = time_value(flow.t1, x0.dtype)  # known: no runtime check in the program
     kind = "ambient-projected" if config.project_branches else "ambient"
-    sol = diffrax.diffeqsolve(  # L constant steps t1 / L: exactly L steps (as in solve)
+    sol = diffrax.diffeqsolve(  # L m constant steps t1 / (L m): exactly L m steps (as in solve)
         _terms(flow, config.block, kind), solver, time_value(0.0, x0.dtype), t1,
-        t1 / flow.num_layers, x0 / flow.radius, saveat=diffrax.SaveAt(steps=True),
-        max_steps=flow.num_layers, throw=throw,
+        t1 / (flow.num_layers * m), x0 / flow.radius, saveat=diffrax.SaveAt(steps=True),
+        max_steps=flow.num_layers * m, throw=throw,
     )
-    return sol.ys * flow.radius
+    return sol.ys[every] * flow.radius
 
 
 def discrepancy(
@@ -297,20 +405,22 @@ def layer_gaps(
     """Both sides from the same input, layer by layer, in one compiled program per shape.
 
     Returns ``per_layer`` (``max |x_l - rho y_l|`` for ``l = 1..L``: entry ``l - 1`` is also the
-    output difference of the depth-``l`` stack of the first ``l`` layers), ``moved`` (the
+    output difference of the depth-``l`` stack of the first ``l`` layers), ``relative``
+    (``max_i |x_li - rho y_li| / |x_li|``, token by token, for ``l = 1..L``), ``moved`` (the
     largest geodesic distance a token's direction travels from the first to the last state: an
     equality between standing-still trajectories would mean little), ``scale`` (the largest
     token norm along the trajectory) and ``substep_states`` (the Transformer's states after
     every residual sub-step, ``(L S + 1, ..., n, d)``).
     """
-    per_layer, moved, scale, substeps = _layer_gaps(config, dict(params), dict(outer or {}),
-                                                    jnp.asarray(x), solver)
+    per_layer, relative, moved, scale, substeps = _layer_gaps(
+        config, dict(params), dict(outer or {}), jnp.asarray(x), solver)
     if not bool(jnp.all(jnp.isfinite(per_layer))):  # checked here: the program stays cacheable
         raise SolveError(
             "the flow side returned NaN: a standard post-norm step with 1 + h x.u <= 0 (x + h u "
             "crossed the origin, so the layer is not a retracted Euler step of the flow: the "
             "step h is too large), or the field produced NaN")
-    return {"per_layer": per_layer, "moved": moved, "scale": scale, "substep_states": substeps}
+    return {"per_layer": per_layer, "relative": relative, "moved": moved, "scale": scale,
+            "substep_states": substeps}
 
 
 @eqx.filter_jit
@@ -320,10 +430,13 @@ def _layer_gaps(config, params, outer, x, solver):
     states = substeps[:: config.n_substeps]
     ys = flow_states(to_flow(config, params), config, states[0], solver, throw=False)
     per_layer = jnp.max(jnp.abs(ys - states[1:]).reshape(config.n_layers, -1), axis=1)
+    token_relative = jnp.linalg.norm(ys - states[1:], axis=-1) / jnp.linalg.norm(states[1:],
+                                                                                 axis=-1)
+    relative = jnp.max(token_relative.reshape(config.n_layers, -1), axis=1)
     moved = jnp.max(sphere.geodesic_distance(sphere.retract(states[0]),
                                              sphere.retract(states[-1])))
     scale = jnp.max(jnp.linalg.norm(states, axis=-1))
-    return per_layer, moved, scale, substeps
+    return per_layer, relative, moved, scale, substeps
 
 
 def radial_factors(

@@ -30,6 +30,7 @@ __all__ = [
     "norm",
     "project_tangent",
     "retract",
+    "soft_retract",
     "exp_map",
     "log_map",
     "geodesic_distance",
@@ -66,6 +67,14 @@ def project_tangent(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float
 def retract(y: Float[Array, "... d"]) -> Float[Array, "... d"]:
     """``R(y) = y / |y|``, the metric projection of ``y != 0`` onto the sphere."""
     return y / norm(y)
+
+
+def soft_retract(y: Float[Array, "... d"], eps: float) -> Float[Array, "... d"]:
+    """``y / sqrt(|y|^2 + eps) = s(y) R(y)`` with ``s(y) = |y| / sqrt(|y|^2 + eps) < 1``: the
+    retraction shrunk radially, most for short ``y`` (``eps = 0``: :func:`retract`)."""
+    if eps == 0:
+        return retract(y)
+    return y / jnp.sqrt(jnp.sum(y * y, axis=-1, keepdims=True) + eps)
 
 
 def exp_map(x: Float[Array, "... d"], w: Float[Array, "... d"]) -> Float[Array, "... d"]:

@@ -36,6 +36,7 @@ __all__ = [
     "ANCHORS",
     "transformer_config",
     "random_params",
+    "checkpoint_like",
     "first_layers",
     "inputs",
     "SmoothFlow",
@@ -72,6 +73,21 @@ def random_params(config: TransformerConfig, seed: int) -> dict[str, Array]:
     if config.norm_gain:
         params = correspondence.with_gains(config, params, 1.0)
     return params
+
+
+def checkpoint_like(config: TransformerConfig, params: Mapping[str, Array], seed: int
+                    ) -> dict[str, Array]:
+    """``params`` with what trained checkpoints have and random draws lack: Norm gains and
+    per-head query/key Norm gains ``U(0.5, 1.5)``, biases ``N(0, 0.5^2)`` (a bias comparable
+    to ``x W`` for ``|x| = sqrt(d)``)."""
+    rng = np.random.default_rng(seed)
+    out = dict(params)
+    for name, a in sorted(params.items()):
+        if name.endswith("gain"):
+            out[name] = jnp.asarray(rng.uniform(0.5, 1.5, a.shape), a.dtype)
+        elif name.startswith("b"):
+            out[name] = jnp.asarray(0.5 * rng.standard_normal(a.shape), a.dtype)
+    return out
 
 
 def first_layers(params: Mapping[str, Array], num: int) -> dict[str, Array]:

@@ -55,7 +55,14 @@ from jaxtyping import Array, Bool, Float, Real
 from .field import VectorField, _check_tokens
 from .paths import Constant, ParameterPath
 
-__all__ = ["AttentionParams", "AttentionField", "attention_posterior", "natural_parameters"]
+__all__ = [
+    "AttentionParams",
+    "AttentionField",
+    "attention_posterior",
+    "kernel_embeddings",
+    "natural_parameters",
+    "rotate_pairs",
+]
 
 
 class AttentionParams(eqx.Module):
@@ -68,6 +75,27 @@ class AttentionParams(eqx.Module):
         natural_in: ``N`` of shape ``(d, H, r)``.
         natural_out: ``M`` of shape ``(H, r, d)``; ``eta_{hj} = x_j N_h M_h`` is the natural
             parameter (mean direction times concentration) of component ``(h, j)``.
+
+    Optional parts, each ``None`` when absent (what real checkpoints add; docs/theory.md,
+    "Real pre-norm models"):
+
+        query_offset, key_offset: ``alpha_h``, ``beta_h`` of shape ``(H, k)``: the kernel's
+            embeddings are affine, ``a_i = x_i A_h + alpha_h``, ``b_j = x_j B_h + beta_h``, which
+            adds linear terms in ``x_i`` and ``x_j`` to the kernel's exponent (the posterior
+            stays in the exponential family).
+        natural_offset: ``c_h`` of shape ``(H, r)``: ``eta_{hj} = (x_j N_h + c_h) M_h``.
+        score_offset: ``e`` of shape ``(d,)``: a score shared by every component, added to the
+            expectation (``sum_h`` of posteriors that each sum to one would count it ``H`` times,
+            so it is added once, outside).
+        kernel_gain_query, kernel_gain_key: ``gamma_h`` of shape ``(H, k)``: the embeddings are
+            put on a sphere before they are compared, ``a <- gamma * a / sqrt(mean(a^2) +
+            kernel_eps)``; the kernel is then exactly vMF in the embedding's direction, with a
+            concentration fixed by ``kappa_h`` and the gains.
+        rotation_frequencies: ``omega`` of shape ``(k/2,)``: position-dependent rotations; the
+            pair of coordinates ``(m, m + k/2)`` of ``a_i`` (``b_j``) is turned by the angle
+            ``p_i omega_m`` (``p_j omega_m``), ``p`` the token's position, so the exponent
+            reads ``a_i R(p_j - p_i) b_j^T``: the kernel depends on the positions only through
+            their difference.
     """
 
     kernel_query: Float[Array, "d H k"]
@@ -75,6 +103,14 @@ class AttentionParams(eqx.Module):
     concentration: Float[Array, " H"]
     natural_in: Float[Array, "d H r"]
     natural_out: Float[Array, "H r d"]
+    query_offset: Float[Array, "H k"] | None = None
+    key_offset: Float[Array, "H k"] | None = None
+    natural_offset: Float[Array, "H r"] | None = None
+    score_offset: Float[Array, " d"] | None = None
+    kernel_gain_query: Float[Array, "H k"] | None = None
+    kernel_gain_key: Float[Array, "H k"] | None = None
+    rotation_frequencies: Float[Array, " k2"] | None = None
+    kernel_eps: float = eqx.field(static=True, default=0.0)
 
     @property
     def dim(self) -> int:
@@ -92,9 +128,18 @@ class AttentionParams(eqx.Module):
             "concentration": (H,),
             "natural_in": (d, H, self.natural_in.shape[-1]),
             "natural_out": (H, self.natural_in.shape[-1], d),
+            "query_offset": (H, k),
+            "key_offset": (H, k),
+            "natural_offset": (H, self.natural_in.shape[-1]),
+            "score_offset": (d,),
+            "kernel_gain_query": (H, k),
+            "kernel_gain_key": (H, k),
+            "rotation_frequencies": (k // 2,),
         }
+        if self.rotation_frequencies is not None and k % 2:
+            raise ValueError(f"position rotations need an even embedding width k, got {k}")
         for name, shape in expected.items():
-            if getattr(self, name).shape != shape:
+            if getattr(self, name) is not None and getattr(self, name).shape != shape:
                 raise ValueError(
                     f"AttentionParams.{name} has shape {getattr(self, name).shape}, expected "
                     f"{shape} (d={d}, H={H}, k={k})"
@@ -126,6 +171,47 @@ def causal_context(n: int) -> Bool[Array, "n n"]:
     return jnp.tril(jnp.ones((n, n), dtype=bool))
 
 
+def rotate_pairs(
+    a: Float[Array, "... n k"], positions: Array, frequencies: Float[Array, " k2"]
+) -> Float[Array, "... n k"]:
+    """Turns the coordinate pair ``(m, m + k/2)`` of row ``i`` by the angle
+    ``positions[i] * frequencies[m]`` (a rotation of R^k per position)."""
+    half = a.shape[-1] // 2
+    angles = jnp.asarray(positions, a.dtype)[:, None] * frequencies.astype(a.dtype)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    first, second = a[..., :half], a[..., half:]
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def _embed(x, kernel, offset, gain, eps, frequencies):
+    a = jnp.einsum("...nd,dhk->...hnk", x, kernel)
+    if offset is not None:
+        a = a + offset[:, None, :]
+    if gain is not None:  # onto the sphere of radius sqrt(k) |gamma|_rms
+        a = gain[:, None, :] * a / jnp.sqrt(jnp.mean(a * a, axis=-1, keepdims=True) + eps)
+    if frequencies is not None:
+        a = rotate_pairs(a, jnp.arange(x.shape[-2]), frequencies)
+    return a
+
+
+def kernel_embeddings(
+    params: AttentionParams, x: Float[Array, "... n d"]
+) -> tuple[Float[Array, "... H n k"], Float[Array, "... H n k"]]:
+    """The two sides of the kernel's exponent, ``kappa_h a_i`` and ``b_j``, so that
+    ``log_kernel[h, i, j] = kappa_h <a_i, b_j>``; token ``i`` sits at position ``i``.
+
+    ``a_i = x_i A_h + alpha_h``, put on a sphere by the kernel gains if present, rotated by the
+    position rotation if present (``b_j`` likewise, with ``B_h``, ``beta_h``).
+    """
+    eps = params.kernel_eps
+    a = _embed(x, params.kernel_query, params.query_offset, params.kernel_gain_query, eps,
+               params.rotation_frequencies)
+    b = _embed(x, params.kernel_key, params.key_offset, params.kernel_gain_key, eps,
+               params.rotation_frequencies)
+    # kappa_h scales the query embedding (n H k products) rather than the kernel (H n^2).
+    return params.concentration[:, None, None] * a, b
+
+
 def attention_posterior(
     params: AttentionParams, x: Float[Array, "... n d"], causal: bool = False
 ) -> Float[Array, "... H n n"]:
@@ -137,11 +223,7 @@ def attention_posterior(
     ``1 / C_d(kappa_{hj})``; under a uniform prior it is that posterior only up to the factors
     ``C_d(kappa_{hj})`` (module docstring).
     """
-    # kappa_h scales the query embedding (n H k products) rather than the kernel (H n^2).
-    kappa = params.concentration[:, None, None]
-    a = kappa * jnp.einsum("...nd,dhk->...hnk", x, params.kernel_query)
-    b = jnp.einsum("...nd,dhk->...hnk", x, params.kernel_key)
-    log_kernel = jnp.einsum("...hik,...hjk->...hij", a, b)
+    log_kernel = jnp.einsum("...hik,...hjk->...hij", *kernel_embeddings(params, x))
     if causal:
         n = x.shape[-2]
         # Mask by a large negative finite number, not -inf: the diagonal is always in context,
@@ -154,8 +236,15 @@ def natural_parameters(
     params: AttentionParams, x: Float[Array, "... n d"]
 ) -> Float[Array, "... H n d"]:
     """``eta[..., h, j] = x_j N_h M_h``: the Euclidean score of component ``(h, j)``."""
+    return jnp.einsum("...hnr,hrd->...hnd", _natural_hidden(params, x), params.natural_out)
+
+
+def _natural_hidden(params: AttentionParams, x: Array) -> Array:
+    """``x_j N_h + c_h``, shape ``(..., H, n, r)``."""
     hidden = jnp.einsum("...nd,dhr->...hnr", x, params.natural_in)
-    return jnp.einsum("...hnr,hrd->...hnd", hidden, params.natural_out)
+    if params.natural_offset is not None:
+        hidden = hidden + params.natural_offset[:, None, :]
+    return hidden
 
 
 def expected_natural_parameter(
@@ -168,9 +257,9 @@ def expected_natural_parameter(
     ``r``-dimensional space of ``x_j N_h`` before mapping to R^d with ``M_h``: ``O(H n^2 r)``
     work instead of ``O(H n^2 d)`` (the field is evaluated at every solver stage).
     """
-    hidden = jnp.einsum("...nd,dhr->...hnr", x, params.natural_in)
-    averaged = jnp.einsum("...hij,...hjr->...hir", posterior, hidden)
-    return jnp.einsum("...hir,hrd->...id", averaged, params.natural_out)
+    averaged = jnp.einsum("...hij,...hjr->...hir", posterior, _natural_hidden(params, x))
+    expected = jnp.einsum("...hir,hrd->...id", averaged, params.natural_out)
+    return expected if params.score_offset is None else expected + params.score_offset
 
 
 class AttentionField(VectorField):

@@ -51,14 +51,19 @@ Activation = Literal["gelu", "swiglu"]
 class ScoreNetworks(eqx.Module):
     """``E`` relaxed score networks ``s_e: R^d -> R^d``, stacked on a leading expert axis.
 
-    ``gelu``: ``s_e(x) = gelu(x W1_e) W2_e`` (exact, erf-based GELU).
-    ``swiglu``: ``s_e(x) = (silu(x W1_e) * (x W3_e)) W2_e``.
+    ``gelu``: ``s_e(x) = gelu(x W1_e + b1_e) W2_e + b2_e`` (exact, erf-based GELU).
+    ``swiglu``: ``s_e(x) = (silu(x W1_e + b1_e) * (x W3_e + b3_e)) W2_e + b2_e``.
+
+    The offsets ``b1, b3 (E, f)``, ``b2 (E, d)`` are optional (``None``: zero).
     """
 
     w1: Float[Array, "E d f"]
     w2: Float[Array, "E f d"]
     w3: Float[Array, "E d f"] | None = None
     activation: Activation = eqx.field(static=True, default="gelu")
+    b1: Float[Array, "E f"] | None = None
+    b2: Float[Array, "E d"] | None = None
+    b3: Float[Array, "E f"] | None = None
 
     def __check_init__(self):
         if self.activation not in ("gelu", "swiglu"):
@@ -74,21 +79,28 @@ class ScoreNetworks(eqx.Module):
     def dim(self) -> int:
         return self.w1.shape[-2]
 
-    def _hidden(self, x: Array, project: Callable[[Array, Array], Array]) -> Array:
-        """``gelu(x W1)`` or ``silu(x W1) * (x W3)``, with ``project(x, W)`` the matmul."""
-        pre = project(x, self.w1)
+    def _hidden(self, x: Array, project: Callable[[Array, Array, Array | None], Array]) -> Array:
+        """``gelu(x W1 + b1)`` or ``silu(x W1 + b1) * (x W3 + b3)``, with ``project(x, W, b)``
+        the affine map."""
+        pre = project(x, self.w1, self.b1)
         if self.activation == "gelu":
             return jax.nn.gelu(pre, approximate=False)
-        return jax.nn.silu(pre) * project(x, self.w3)
+        return jax.nn.silu(pre) * project(x, self.w3, self.b3)
 
     def single(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
         """The score of the only expert (``E = 1``), without an expert axis (plain matmuls)."""
-        return self._hidden(x, lambda a, w: a @ w[0]) @ self.w2[0]
+        def affine(a, w, b):
+            return a @ w[0] if b is None else a @ w[0] + b[0]
+        return affine(self._hidden(x, affine), self.w2, self.b2)
 
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... E d"]:
         """Every expert's score at ``x``."""
-        hidden = self._hidden(x, lambda a, w: jnp.einsum("...d,edf->...ef", a, w))
-        return jnp.einsum("...ef,efd->...ed", hidden, self.w2)
+        def affine(a, w, b):
+            out = jnp.einsum("...d,edf->...ef", a, w)
+            return out if b is None else out + b
+        hidden = self._hidden(x, affine)
+        out = jnp.einsum("...ef,efd->...ed", hidden, self.w2)
+        return out if self.b2 is None else out + self.b2
 
 
 def router_posterior(

@@ -30,7 +30,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree, Real
 
-from ..sphere import project_tangent
+from ..sphere import project_tangent, soft_retract
 
 __all__ = ["VectorField", "SumField"]
 
@@ -52,15 +52,21 @@ class VectorField(eqx.Module):
         return project_tangent(x, self.drift(t, x))
 
     def ambient(
-        self, t: Real[Array, ""], y: Float[Array, "... n d"], args: PyTree = None
+        self, t: Real[Array, ""], y: Float[Array, "... n d"], args: PyTree = None,
+        eps: float = 0.0,
     ) -> Float[Array, "... n d"]:
         """Ambient extension ``F(y) = u_t(y / |y|)`` used by pre-norm layers.
 
         Pre-norm residual streams live in R^d, not on the sphere: ``y <- y + h F(Norm(y))``
-        is forward Euler of ``dy/dt = u_t(y/|y|)`` (``docs/theory.md``, "Pre-norm").
+        is forward Euler of ``dy/dt = u_t(y/|y|)`` (``docs/theory.md``, "Pre-norm"). With
+        ``eps > 0`` the field reads ``y / sqrt(|y|^2 + eps)`` (:func:`~svflow_jax.sphere.
+        soft_retract`): a short token is read inside the sphere, at radius
+        ``|y| / sqrt(|y|^2 + eps)``.
         """
         del args
-        return self.drift(t, y / jnp.linalg.norm(y, axis=-1, keepdims=True))
+        if eps == 0:
+            return self.drift(t, y / jnp.linalg.norm(y, axis=-1, keepdims=True))
+        return self.drift(t, soft_retract(y, eps))
 
 
 class SumField(VectorField):

@@ -57,7 +57,7 @@ from .base import AbstractSphereSolver, within_step
 from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
 from .registry import SOLVERS, SolverSpec, count_evaluations, get_solver, register
-from .runge_kutta import RK4, Retracted
+from .runge_kutta import RK4, Retracted, WithinStep
 from .solve import SolveError, solve, stays_on_sphere
 from .splitting import AbstractSplitting, LieTrotter, Strang
 
@@ -68,6 +68,7 @@ __all__ = [
     "VariableStepRetractedEuler",
     "Retracted",
     "RK4",
+    "WithinStep",
     "AbstractCrouchGrossman",
     "CrouchGrossman3",
     "RKMK4",

@@ -38,7 +38,7 @@ from jaxtyping import PyTree
 from ._interpolation import _RetractedInterpolationFactory
 from .base import _retract_tree, within_step
 
-__all__ = ["Retracted", "RK4"]
+__all__ = ["Retracted", "RK4", "WithinStep"]
 
 
 class _RetractedTerm(AbstractTerm):
@@ -79,7 +79,53 @@ def _retract_terms(terms: PyTree[AbstractTerm]) -> PyTree[AbstractTerm]:
     return jtu.tree_map(wrap, terms, is_leaf=lambda x: isinstance(x, AbstractTerm))
 
 
-class Retracted(AbstractWrappedSolver):
+class WithinStep(AbstractWrappedSolver):
+    """Any diffrax solver, with every stage of a step reading the weights of the layer the
+    step covers (:func:`within_step`); nothing else changes (no retraction).
+
+    For ambient ODEs with per-layer weights, such as a pre-norm stack's ``dy/dt = F_t(y)``:
+    a stage at ``c = 1`` of a step aligned with layer ``l`` then reads ``theta_l``, not
+    ``theta_{l+1}``, and the solver keeps its order on that ODE. As in :class:`Retracted`, an
+    FSAL cache is discarded (``made_jump=True``) whenever the terms were restricted.
+    """
+
+    solver: AbstractSolver
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return self.solver.interpolation_cls
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def strong_order(self, terms):
+        return self.solver.strong_order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        terms, restricted = within_step(terms, t0, t1)
+        if restricted:
+            made_jump = True
+        return self.solver.step(terms, t0, t1, y0, args, solver_state, made_jump)
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+
+class Retracted(WithinStep):
     """Adds the retraction ``R(y) = y / |y|`` to any diffrax solver.
 
     * the vector field is evaluated at retracted states: ``vf(t, y) = f(t, R(y))``, so every
@@ -102,33 +148,16 @@ class Retracted(AbstractWrappedSolver):
     instead of 6, :class:`RK4`: 5 instead of 4). Continuous paths are not restricted and cost
     nothing extra.
 
-    ``isinstance`` checks (adaptive, implicit, ...) are forwarded to the inner solver.
+    ``isinstance`` checks (adaptive, implicit, ...) are forwarded to the inner solver. (A
+    :class:`WithinStep` that also retracts: the order, term structure and contr kwargs are
+    the inner solver's.)
     """
-
-    solver: AbstractSolver
 
     stays_on_sphere: ClassVar[bool] = True
 
     @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
     def interpolation_cls(self):  # pyright: ignore
         return _RetractedInterpolationFactory(self.solver.interpolation_cls)
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def strong_order(self, terms):
-        return self.solver.strong_order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
 
     def init(self, terms, t0, t1, y0, args):
         return self.solver.init(_retract_terms(terms), t0, t1, y0, args)

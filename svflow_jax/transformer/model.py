@@ -436,7 +436,7 @@ class Transformer(nnx.Module):
         """A model whose weights are ``params`` (layout of ``layer_params``) and
         ``outer_params`` (layout of ``outer_norm_params``; ``None``: gains 1, biases 0)."""
         from svflow_jax.transformer.params import (
-            outer_norm_params,
+            _outer_vars,
             set_layer_params,
             set_outer_norm_params,
         )
@@ -446,9 +446,9 @@ class Transformer(nnx.Module):
         model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
         set_layer_params(model, params)
         if outer_params is None:
-            outer_params = {
+            outer_params = {  # the abstract model holds shapes only: read them, not values
                 name: (jnp.ones if name.endswith("_gain") else jnp.zeros)(a.shape, a.dtype)
-                for name, a in outer_norm_params(model).items()
+                for name, a in ((n, v.get_value()) for n, v in _outer_vars(model).items())
             }
         set_outer_norm_params(model, outer_params)
         return model
