@@ -77,6 +77,7 @@ from .transformer import Transformer, TransformerConfig, layer_params, outer_nor
 __all__ = [
     "LayerFlow",
     "check_supported",
+    "kernel_concentrations",
     "to_flow",
     "to_transformer_params",
     "VariableStepRetractedEuler",
@@ -245,6 +246,37 @@ def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow
         radius=radius,
         eps=config.norm_eps,
     )
+
+
+def kernel_concentrations(
+    config: TransformerConfig, params: Mapping[str, Array]
+) -> dict[str, Float[Array, "L H"]]:
+    """The vMF concentration of the attention kernel of a stack with per-head Q/K RMSNorm
+    (Qwen3), per layer and query head (docs/theory.md, section 16).
+
+    With queries and keys normalised to ``gamma * e`` (``e`` on the sphere of radius
+    ``sqrt(dk)``), the exponent is ``sqrt(dk) <gamma_Q * e_q, R (gamma_K * e_k)>`` for unit
+    ``e_q``, ``e_k``: a vMF kernel in ``e_q`` with concentration ``sqrt(dk) |gamma_Q * R (gamma_K *
+    e_k)|``. Returns ``typical``, ``sqrt(dk) rms(gamma_Q) rms(gamma_K)`` (exact for constant
+    gains) and ``bound``, ``sqrt(dk) max|gamma_Q| max|gamma_K|`` (its largest value).
+    """
+    if not config.qk_norm:
+        raise ValueError("kernel concentrations are fixed by the gains only with qk_norm")
+    group = config.n_heads // config.kv_heads
+    g_q = params["q_norm_gain"]
+    g_k = params["k_norm_gain"]
+    if g_q.ndim == 2:  # one gain vector per layer, shared by the heads
+        g_q, g_k = g_q[:, None], g_k[:, None]
+    else:
+        g_k = jnp.repeat(g_k, group, axis=1)
+    root = math.sqrt(config.d_head)
+    rms = lambda g: jnp.sqrt(jnp.mean(g * g, axis=-1))  # noqa: E731
+    shape = (config.n_layers, config.n_heads)
+    return {
+        "typical": jnp.broadcast_to(root * rms(g_q) * rms(g_k), shape),
+        "bound": jnp.broadcast_to(
+            root * jnp.max(jnp.abs(g_q), axis=-1) * jnp.max(jnp.abs(g_k), axis=-1), shape),
+    }
 
 
 def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[str, Array]:

@@ -148,7 +148,9 @@ EXACT_RELATIVE_FLOAT64 = 1e-10
 def exactness(loaded: LoadedModel, tokens: Int[Array, " n"]) -> ClaimResult:
     """``to_flow`` of the model reproduces every hidden state: the largest relative difference
     ``max_{l, i} |x_li - rho y_li| / |x_li|`` in float64 (weights cast up; criterion
-    ``<= 1e-10``) and, reported, in float32.
+    ``<= 1e-10``) and, reported, in float32. With per-head Q/K RMSNorm (Qwen3) also the
+    kernel's vMF concentration per layer and head
+    (:func:`~svflow_jax.correspondence.kernel_concentrations`).
 
     Models ``to_flow`` refuses (post-LayerNorm encoders such as BERT) are reported as such,
     with how far their states are from any sphere (:func:`_sphere_departure`).
@@ -175,6 +177,14 @@ def exactness(loaded: LoadedModel, tokens: Int[Array, " n"]) -> ClaimResult:
         rows += [{"dtype": dtype, "layer": l + 1, "relative": float(r)}
                  for l, r in enumerate(relative)]
     figures["tokens"] = int(np.size(tokens))
+    if config.qk_norm:  # a kernel on the sphere: its concentration, per layer and head
+        kappa = {k: np.asarray(v, float) for k, v in
+                 correspondence.kernel_concentrations(config, params).items()}
+        figures["kernel_concentration_median"] = float(np.median(kappa["typical"]))
+        figures["kernel_concentration_max"] = float(np.max(kappa["bound"]))
+        rows += [{"layer": l + 1, "head": h, "kernel_concentration": float(kappa["typical"][l, h]),
+                  "kernel_concentration_bound": float(kappa["bound"][l, h])}
+                 for l in range(config.n_layers) for h in range(config.n_heads)]
     passed = figures["relative_float64"] <= EXACT_RELATIVE_FLOAT64
     return _result("exactness", statement,
                    Evidence(passed, figures, f"relative_float64 <= {EXACT_RELATIVE_FLOAT64:g}",

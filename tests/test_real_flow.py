@@ -189,3 +189,28 @@ def test_refinement_recovers_first_order_on_a_small_random_model():
     changes = [f[f"final_change_euler_x{m}"] for m in (2, 4, 8)]
     assert changes[0] < changes[1] < changes[2]  # converging to a limit 2 x the x2 change
     assert f["final_change_rk4_x1"] == pytest.approx(2 * changes[0], rel=0.2)
+
+
+def test_qwen3_kernel_concentration_is_the_largest_exponent():
+    """With constant Q/K gains ``c_q``, ``c_k`` the exponent of the flow's kernel between a
+    query and an equal key at position 0 (no rotation) is ``sqrt(dk) c_q c_k``, whatever the
+    token: the reported concentration, computed independently through the flow's
+    ``kernel_embeddings``."""
+    lm, config, _ = loaded("qwen3")
+    params = dict(layer_params(lm.transformer))
+    params["q_norm_gain"] = jnp.full_like(params["q_norm_gain"], 1.7)
+    params["k_norm_gain"] = jnp.full_like(params["k_norm_gain"], 0.6)
+    group = config.n_heads // config.kv_heads  # query head h reads key head h // group:
+    params["wq"] = jnp.repeat(params["wk"], group, axis=2)  # queries = their keys
+    kappa = correspondence.kernel_concentrations(config, params)
+    expected = math.sqrt(config.d_head) * 1.7 * 0.6
+    np.testing.assert_allclose(kappa["typical"], expected, rtol=1e-6)
+    np.testing.assert_allclose(kappa["bound"], expected, rtol=1e-6)
+    from svflow_jax.flow.attention import kernel_embeddings
+
+    flow = correspondence.to_flow(dataclasses.replace(config, norm_eps=0.0), params)
+    theta = flow.attention.params(0.0)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((1, config.d_model)), jnp.float32)
+    a, b = kernel_embeddings(theta, x / jnp.linalg.norm(x))
+    exponent = jnp.einsum("hik,hik->h", a, b)  # token 0 with itself, no rotation at p = 0
+    np.testing.assert_allclose(exponent, expected, rtol=1e-5)
