@@ -1084,3 +1084,30 @@ def test_jitted_fixed_step_solve_without_throw_has_no_host_callback():
     assert "callback" not in str(jax.make_jaxpr(lambda: run(False))())
     assert "callback" in str(jax.make_jaxpr(lambda: run(True))())
     np.testing.assert_array_equal(jax.jit(lambda: run(False))(), jax.jit(lambda: run(True))())
+
+
+def test_adaptive_first_step_is_hairers_rule():
+    """``solve`` starts an adaptive solve with Hairer-Norsett-Wanner's step (written out here in
+    NumPy), not diffrax's fixed 0.01 (diffrax skips its own rule for wrapped terms): on a
+    rotation with rtol = atol = 1e-6 the first step is the rule's, and the whole solve takes
+    fewer steps than from 0.01."""
+    skew = np.array([[0.0, 0.7, -0.4], [-0.7, 0.0, 0.3], [0.4, -0.3, 0.0]])
+    y0 = np.array([[1.0, 0.3, -0.2], [0.1, -0.7, 0.5]])
+    y0 /= np.linalg.norm(y0, axis=-1, keepdims=True)
+    rtol = atol = 1e-6
+    f = lambda y: y @ skew.T  # noqa: E731  (tangent: skew)
+    rms = lambda a: np.sqrt(np.mean(a**2))  # noqa: E731
+    scale = atol + rtol * np.abs(y0)
+    d0, d1 = rms(y0 / scale), rms(f(y0) / scale)
+    h0 = 0.01 * d0 / d1
+    d2 = rms((f(y0 + h0 * f(y0)) - f(y0)) / scale) / h0
+    expected = min(100 * h0, (0.01 / max(d1, d2)) ** (1 / 5), 2.0)
+    controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    sol = solve(lambda t, y, args: y @ jnp.asarray(skew).T, jnp.asarray(y0), 0.0, 2.0,
+                solver=Retracted(diffrax.Dopri5()), stepsize_controller=controller,
+                saveat=diffrax.SaveAt(steps=True))
+    assert float(sol.ts[0]) == pytest.approx(expected, rel=1e-12)
+    from_001 = diffrax.diffeqsolve(
+        diffrax.ODETerm(lambda t, y, args: y @ jnp.asarray(skew).T), Retracted(diffrax.Dopri5()),
+        0.0, 2.0, None, jnp.asarray(y0), stepsize_controller=controller)
+    assert int(sol.stats["num_steps"]) < int(from_001.stats["num_steps"])
