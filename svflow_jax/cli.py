@@ -10,6 +10,8 @@ Subcommands:
   options.
 * ``sweep``: a step-size sweep of chosen solvers (registered names or ``package.module:Class``);
   resumable; exit code 1 when an order misses its expectation or cannot be fitted.
+* ``diagnose``: SVFlow diagnostics of a pretrained model under prefix shuffling
+  (:mod:`svflow_jax.diagnose`); exit code 0 when the run completes, 2 on bad options.
 
 Options are checked before anything is compiled.
 """
@@ -259,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--steps", type=_positive_int, nargs=2, metavar=("FIRST", "LAST"),
                        help="first and last number of steps (default: per solver)")
     sweep.set_defaults(run=_sweep)
+    from .diagnose.cli import add_diagnose_parser
+
+    add_diagnose_parser(sub)
     return parser
 
 
