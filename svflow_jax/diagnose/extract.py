@@ -239,5 +239,5 @@ def scale_attention_logits(model: TransformerLM, factor: float) -> TransformerLM
     for name in names:
         p = getattr(attn, name)
         if p is not None:
-            p.value = p[...] * jnp.asarray(factor, p[...].dtype)
+            p[...] = p[...] * jnp.asarray(factor, p[...].dtype)
     return out
