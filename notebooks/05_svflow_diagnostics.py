@@ -26,13 +26,14 @@
 #
 # Per layer $t$, head $h$ and scored token $i$ (definitions in `docs/theory.md`, section 16):
 #
-# | quantity | formula |
-# | --- | --- |
-# | component | $\eta_{hj} = (z_j W_V^{g(h)} + b_V) W_O^h + b_O/H$, $z = \mathrm{Norm}(y)$, $\kappa_{hj} = \lVert\eta_{hj}\rVert$ |
-# | evidence | $\log p_h(x_i) = \log \sum_{j \le i} \tfrac{1}{i+1}\, C_d(\kappa_{hj}) e^{\eta_{hj} \cdot x_i}$ |
-# | true posterior | $p_h(j \mid x_i) \propto C_d(\kappa_{hj}) e^{\eta_{hj}\cdot x_i}$ |
-# | gap | $\mathrm{KL}(q_h(\cdot \mid x_i) \,\Vert\, p_h(\cdot \mid x_i))$ |
-# | perturbation | $\mathrm{KL}(q^{\text{clean}}_h \,\Vert\, q^{\text{shuffled}}_h)$ over the same context tokens |
+# * component: $\eta_{hj} = (z_j W_V^{g(h)} + b_V) W_O^h + b_O/H$ with $z = \mathrm{Norm}(y)$,
+#   concentration $\kappa_{hj} = \lVert\eta_{hj}\rVert$;
+# * evidence: $\log p_h(x_i) = \log \sum_{j \le i} \frac{1}{i+1} C_d(\kappa_{hj})
+#   e^{\eta_{hj} \cdot x_i}$, and the true posterior
+#   $p_h(j \mid x_i) \propto C_d(\kappa_{hj}) e^{\eta_{hj}\cdot x_i}$;
+# * gap: $\mathrm{KL}(q_h(\cdot \mid x_i) \,\Vert\, p_h(\cdot \mid x_i))$;
+# * perturbation: $\mathrm{KL}(q^{\text{clean}}_h \,\Vert\, q^{\text{shuffled}}_h)$ over the
+#   same context tokens.
 #
 # Everything is measured by `svflow_jax.diagnose` (the same functions `svflow diagnose` runs);
 # this notebook only calls them, at a small scale (a few short windows).

@@ -237,7 +237,8 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
     if "task" in sh:
         tk = sh["task"]
         lines += ["", "## Task metrics per shuffle level", "",
-                  "| level | perplexity | ECE | confidence | accuracy |", "| --- | --- | --- | --- | --- |"]
+                  "| level | perplexity | ECE | confidence | accuracy |",
+                  "| --- | --- | --- | --- | --- |"]
         for k, lv in enumerate(sh["levels"]):
             lines.append(f"| {lv:g} | {tk['perplexity'][k]:.2f} {_ci(tk['perplexity_ci'][k])} | "
                          f"{tk['ece'][k]:.3f} {_ci(tk['ece_ci'][k])} | "
