@@ -152,7 +152,10 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
                              squeeze=False)
     for ax, name in zip(axes.ravel(), names, strict=False):
         m = np.asarray(sh["level_means"][name])  # (K, L)
-        im = ax.imshow((m - m[:1]).T, aspect="auto", origin="lower", cmap="coolwarm")
+        delta = (m - m[:1]).T
+        top = float(np.max(np.abs(delta))) or 1.0  # colour scale centred at "no change"
+        im = ax.imshow(delta, aspect="auto", origin="lower", cmap="coolwarm", vmin=-top,
+                       vmax=top)
         ax.set_xticks(range(len(levels)), [f"{v:g}" for v in levels])
         ax.set_xlabel("shuffled fraction of the prefix")
         ax.set_ylabel("layer")
