@@ -170,10 +170,22 @@ def _model(seed=0, **kw) -> TransformerLM:
     return model
 
 
-def test_natural_parameters_reproduce_the_attention_output_and_the_factored_form():
-    model = _model()
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, size=(2, 7)))
-    hs = model.hidden_states(tokens)
+@pytest.fixture(scope="module")
+def small_lm():
+    """A pre-norm causal LM with RoPE, GQA, biases and random gains, and 2 x 8 tokens with
+    their hidden states (shared by the bridge tests: compiling is most of their time)."""
+    model = _model(1)
+    rng = np.random.default_rng(1)
+    n = 8
+    clean = rng.integers(0, 40, size=n)
+    perm = np.arange(n)
+    perm[:5] = [3, 0, 4, 1, 2]
+    tokens = np.stack([clean, clean[perm]])
+    return model, tokens, perm, model.hidden_states(jnp.asarray(tokens))
+
+
+def test_natural_parameters_reproduce_the_attention_output_and_the_factored_form(small_lm):
+    model, _, _, hs = small_lm
     layer = model.transformer.layer(1)
     z = layer.norm_attn(hs[1])
     eta = extract.natural_parameters(layer.attn, z)  # (P, H, n, d)
@@ -186,14 +198,10 @@ def test_natural_parameters_reproduce_the_attention_output_and_the_factored_form
     np.testing.assert_allclose(norms, np.linalg.norm(eta, axis=-1), rtol=1e-11)
 
 
-def test_window_diagnostics_by_direct_computation():
-    model = _model(1)
+def test_window_diagnostics_by_direct_computation(small_lm):
+    model, tokens, perm, hs = small_lm
     rng = np.random.default_rng(1)
     n, s = 8, 3
-    clean = rng.integers(0, 40, size=n)
-    perm = np.arange(n)
-    perm[:5] = [3, 0, 4, 1, 2]
-    tokens = np.stack([clean, clean[perm]])
     inverse = np.argsort(np.stack([np.arange(n), perm]), axis=1)
     targets = np.tile(rng.integers(0, 40, size=s), (2, 1))
     res = extract.window_diagnostics(model, tokens, inverse, s, targets)
@@ -201,7 +209,6 @@ def test_window_diagnostics_by_direct_computation():
     assert res.kl_q_p.shape == (L, 2, H) and res.kappa_resultant.shape == (L, 2)
     np.testing.assert_array_equal(res.kl_clean[:, 0], 0.0)
     # layer 2, sequence 1, by the explicit eta and the pure functions
-    hs = model.hidden_states(jnp.asarray(tokens))
     layer = model.transformer.layer(2)
     z = layer.norm_attn(hs[2])
     eta = np.asarray(extract.natural_parameters(layer.attn, z))[1]
@@ -252,12 +259,11 @@ def test_without_positions_shuffling_changes_nothing():
         np.testing.assert_allclose(a[:, 1], a[:, 0], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
-def test_scaling_the_logits_scales_the_log_attention():
-    model = _model(3)
+def test_scaling_the_logits_scales_the_log_attention(small_lm):
+    model = small_lm[0]
     scaled = extract.scale_attention_logits(model, 2.5)
-    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 40, size=(1, 6)))
-    z = model.transformer.layer(0).norm_attn(model.hidden_states(tokens)[0])
-    tril = np.tril(np.ones((6, 6), bool))
+    z = model.transformer.layer(0).norm_attn(small_lm[3][0])
+    tril = np.tril(np.ones((8, 8), bool))
     q1 = np.asarray(model.transformer.layer(0).attn.attention_weights(z))
     q2 = np.asarray(scaled.transformer.layer(0).attn.attention_weights(z))
     lq1, lq2 = (np.log(np.where(tril, q, 1.0)) for q in (q1, q2))
@@ -268,7 +274,7 @@ def test_scaling_the_logits_scales_the_log_attention():
         extract.scale_attention_logits(model, 0.0)
     # the original is untouched
     np.testing.assert_array_equal(model.transformer.layers.attn.wq[...],
-                                  _model(3).transformer.layers.attn.wq[...])
+                                  _model(1).transformer.layers.attn.wq[...])
 
 
 # --------------------------------------------------------------------------------------------
