@@ -128,6 +128,10 @@ def write_tables(out: Path, summary: dict[str, Any]) -> None:
              "ci_perplexity": e["perplexity"]["ci"], "rho_ece": e["ece"]["rho"],
              "ci_ece": e["ece"]["ci"], "rho_perplexity_cells": e["perplexity_cells"]["rho"],
              "ci_perplexity_cells": e["perplexity_cells"]["ci"]} for n, e in sh["rho"].items()])
+        _csv(out / "rho_by_layer.csv", [
+            {"metric": n, "layer": t, "rho_perplexity": e["perplexity"]["per_layer"][t],
+             "rho_ece": e["ece"]["per_layer"][t]}
+            for n, e in sh["rho"].items() for t in range(len(e["perplexity"]["per_layer"]))])
     _csv(out / "depth.csv", [
         {"metric": n, "layer": t, "sensitivity": s, "ci": e["sensitivity_ci"][t]}
         for n, e in sh["depth"].items() for t, s in enumerate(e["sensitivity"])])
