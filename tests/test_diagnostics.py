@@ -321,3 +321,27 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert np.all(kl[0] == 0) and np.all(kl[-1] > 0)
     assert [r["factor"] for r in summary["scaling"]["rows"]] == [0.5, 1.0, 3.0]
     assert "## Headline" in (out / "report.md").read_text()
+
+
+def test_across_models_ranks_models_by_quality_and_sensitivity():
+    from svflow_jax.diagnose.study import ShuffleData, across_models
+
+    rng = np.random.default_rng(5)
+    W, K, L, M = 6, 3, 2, 4
+    cfg = StudyConfig(windows=W, levels=(0.0, 0.5, 1.0), bootstrap=50, ece_bins=2)
+    datas = []
+    for k in range(M):
+        noise = 0.01 * rng.normal(size=(W, K))
+        nll = 2.0 + 0.5 * k + np.linspace(0, 0.1 * (M - k), K)[None] + noise
+        metric = -nll[..., None] + np.zeros((W, K, L))  # decreasing in the model's NLL
+        datas.append(ShuffleData(levels=cfg.levels, metrics={"m": metric}, per_head={},
+                                 nll=nll, confidence=None, correct=None, seconds=0.0))
+    out = across_models(datas, cfg)
+    clean_ppl = [np.exp(d.nll[:, 0].mean()) for d in datas]
+    clean_m = [d.metrics["m"][:, 0].mean() for d in datas]
+    expected = scipy.stats.spearmanr(clean_m, clean_ppl).statistic
+    assert out["rho"]["m"]["quality"]["rho"] == pytest.approx(expected) == pytest.approx(-1.0)
+    np.testing.assert_allclose(out["perplexity_clean"], clean_ppl)
+    assert out["rho"]["m"]["sensitivity"]["rho"] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="at least 3"):
+        across_models(datas[:2], cfg)

@@ -30,7 +30,7 @@ from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
 __all__ = ["METRICS", "StudyConfig", "QUICK", "ShuffleData", "Diagnosis", "default_text",
            "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
-           "analyse_shuffle", "run_scaling", "diagnose"]
+           "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
 
 METRICS: dict[str, str] = {
     "log_evidence": "log p_t(x_i): vMF-mixture evidence of the token direction",
@@ -350,6 +350,48 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
             "deep_layers": [deep.start, deep.stop - 1],
         }
     out["depth"] = depth
+    return out
+
+
+def across_models(datas: list[ShuffleData], config: StudyConfig) -> dict[str, Any]:
+    """Spearman's rho ACROSS MODELS (the population reading), with bootstrap intervals over
+    windows (the same window resample for every model; the models must share the windows).
+
+    Per model: the clean perplexity and the change of log-perplexity from clean to the last
+    level; per metric, the clean layer-mean value and its change. rho(clean metric, clean
+    perplexity) asks whether the metric ranks models by quality; rho(metric change,
+    log-perplexity change) whether it ranks them by sensitivity to shuffling."""
+    if len(datas) < 3 or any(d.nll is None for d in datas):
+        raise ValueError("across_models needs at least 3 language models")
+    W = datas[0].nll.shape[0]
+    if any(d.nll.shape != datas[0].nll.shape for d in datas):
+        raise ValueError("every model must be measured on the same windows and levels")
+    idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    every = np.arange(W)[None]
+
+    def model_curves(ix):
+        lnppl = np.stack([d.nll[ix].mean(1) for d in datas], -1)  # (B, K, M)
+        return lnppl[:, 0], lnppl[:, -1] - lnppl[:, 0]
+
+    ppl0, dppl0 = model_curves(every)
+    pplb, dpplb = model_curves(idx)
+    out: dict[str, Any] = {"models": len(datas), "windows": W,
+                           "perplexity_clean": np.exp(ppl0[0]).tolist(),
+                           "log_perplexity_change": dppl0[0].tolist(), "rho": {}}
+    for name in datas[0].metrics:
+        def metric_curves(ix, name=name):
+            m = np.stack([d.metrics[name].mean(-1)[ix].mean(1) for d in datas], -1)  # (B,K,M)
+            return m[:, 0], m[:, -1] - m[:, 0]
+
+        m0, dm0 = metric_curves(every)
+        mb, dmb = metric_curves(idx)
+        out["rho"][name] = {
+            "clean_value": m0[0].tolist(), "change": dm0[0].tolist(),
+            "quality": {"rho": float(stats.spearman(m0[0], ppl0[0])),
+                        "ci": stats.percentile_interval(stats.spearman(mb, pplb))},
+            "sensitivity": {"rho": float(stats.spearman(dm0[0], dppl0[0])),
+                            "ci": stats.percentile_interval(stats.spearman(dmb, dpplb))},
+        }
     return out
 
 
