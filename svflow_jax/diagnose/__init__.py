@@ -14,7 +14,15 @@ Definitions: ``docs/theory.md``, section 16.
 """
 
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
-from .study import METRICS, QUICK, Diagnosis, StudyConfig, analyse_shuffle, diagnose
+from .study import (
+    METRICS,
+    QUICK,
+    Diagnosis,
+    StudyConfig,
+    across_models,
+    analyse_shuffle,
+    diagnose,
+)
 
 __all__ = ["LayerSummaries", "scale_attention_logits", "window_diagnostics", "METRICS", "QUICK",
-           "Diagnosis", "StudyConfig", "analyse_shuffle", "diagnose"]
+           "Diagnosis", "StudyConfig", "across_models", "analyse_shuffle", "diagnose"]
