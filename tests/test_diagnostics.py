@@ -310,7 +310,8 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     out = tmp_path / "run"
     for name in ("summary.json", "config.json", "report.md", "levels.csv", "rho.csv",
                  "depth.csv", "scaling.csv", "heatmaps.png", "metric_vs_perplexity.png",
-                 "depth_sensitivity.png", "concentration_scaling.png"):
+                 "depth_sensitivity.png", "concentration_scaling.png", "data.npz",
+                 "rho_by_layer.csv"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["windows"] == 4 and len(summary["shuffle"]["levels"]) == 5

@@ -105,6 +105,18 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser):
         parser.error(str(err).replace("_", "-"))
 
 
+def _save_data(path: Path, data) -> None:
+    """The raw per-window arrays of the shuffle study (every analysis can be recomputed)."""
+    import numpy as np
+
+    arrays = {f"metric_{k}": v for k, v in data.metrics.items()}
+    arrays.update({f"per_head_{k}": v for k, v in data.per_head.items()})
+    for k in ("nll", "confidence", "correct"):
+        if getattr(data, k) is not None:
+            arrays[k] = getattr(data, k)
+    np.savez_compressed(path, levels=np.asarray(data.levels), **arrays)
+
+
 def run_diagnose(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = _config(args, parser)
     from .study import default_text
@@ -145,6 +157,7 @@ def run_diagnose(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     summary = result.summary
     summary["run"] = {"quick": args.quick, "out": str(out)}
     write_all(out, summary)
+    _save_data(out / "data.npz", result.data)
     print(f"\n{'paper':<58} {'verdict':<15} ours")
     for r in headline(summary):
         print(f"{r['statement'][:58]:<58} {r['verdict']:<15} {r['ours']}")

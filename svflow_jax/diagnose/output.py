@@ -78,7 +78,9 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
         lo, _ = e["deep_over_shallow_ci"]
         rows.append({"statement": f"deep layers more sensitive ({name})",
                      "ours": f"deep/shallow {_fmt(e['deep_over_shallow'])} "
-                             f"{_ci(e['deep_over_shallow_ci'])}",
+                             f"{_ci(e['deep_over_shallow_ci'])} (unnormalised "
+                             f"{_fmt(e.get('raw_deep_over_shallow'))} "
+                             f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))})",
                      "verdict": "reproduced" if lo > 1 else "not reproduced"})
     sc = summary.get("scaling")
     if sc:
@@ -133,7 +135,8 @@ def write_tables(out: Path, summary: dict[str, Any]) -> None:
              "rho_ece": e["ece"]["per_layer"][t]}
             for n, e in sh["rho"].items() for t in range(len(e["perplexity"]["per_layer"]))])
     _csv(out / "depth.csv", [
-        {"metric": n, "layer": t, "sensitivity": s, "ci": e["sensitivity_ci"][t]}
+        {"metric": n, "layer": t, "sensitivity": s, "ci": e["sensitivity_ci"][t],
+         "change": e["change"][t] if "change" in e else None}
         for n, e in sh["depth"].items() for t, s in enumerate(e["sensitivity"])])
     if summary.get("scaling"):
         _csv(out / "scaling.csv", [{k: v for k, v in r.items() if not k.endswith("_per_layer")}
@@ -271,10 +274,13 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
               "S_t = |mean over windows of (metric at the last level - clean)| / sd of the "
               "metric over all (window, level) cells of layer t; ratio = mean S over the deepest "
               "third / mean S over the shallowest third.", "",
-              "| metric | deep/shallow | 95% interval |", "| --- | --- | --- |"]
+              "The unnormalised ratio uses the mean absolute change itself (the metric's units).",
+              "", "| metric | deep/shallow | 95% interval | unnormalised | 95% interval |",
+              "| --- | --- | --- | --- | --- |"]
     for n, e in sh["depth"].items():
         lines.append(f"| {n} | {_fmt(e['deep_over_shallow'])} | {_ci(e['deep_over_shallow_ci'])}"
-                     " |")
+                     f" | {_fmt(e.get('raw_deep_over_shallow'))} | "
+                     f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))} |")
     sc = summary.get("scaling")
     if sc:
         lines += ["", f"## Concentration scaling (attention logits x c; {sc['windows']} windows,"

@@ -341,7 +341,17 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio0 = float(s0[deep].mean() / s0[shallow].mean())
             ratiob = sb[:, deep].mean(-1) / sb[:, shallow].mean(-1)
+        # unnormalised: the mean absolute change, in the metric's units (nats for the KLs and
+        # the entropy, comparable between layers)
+        c0 = np.abs((m[:, -1] - m[:, 0]).mean(0))  # (L,)
+        cb = np.abs((m[idx][:, :, -1] - m[idx][:, :, 0]).mean(1))  # (B, L)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            raw0 = float(c0[deep].mean() / c0[shallow].mean())
+            rawb = cb[:, deep].mean(-1) / cb[:, shallow].mean(-1)
         depth[name] = {
+            "change": c0.tolist(),
+            "raw_deep_over_shallow": raw0,
+            "raw_deep_over_shallow_ci": stats.percentile_interval(rawb),
             "sensitivity": s0.tolist(),
             "sensitivity_ci": [stats.percentile_interval(sb[:, t]) for t in range(L)],
             "deep_over_shallow": ratio0,
