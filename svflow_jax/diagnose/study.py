@@ -45,8 +45,12 @@ METRICS: dict[str, str] = {
 
 
 def default_text() -> Path:
-    """The opening of *Emma* shipped with the tests (``tests/data/emma_opening.txt``)."""
-    return Path(__file__).resolve().parents[2] / "tests" / "data" / "emma_opening.txt"
+    """The opening of *Emma* (first 20,000 characters, public domain): shipped with the package
+    (``svflow_jax/data/emma_opening.txt``) where that exists, else the tests' copy
+    (``tests/data/emma_opening.txt``)."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "data" / "emma_opening.txt"
+    return shipped if shipped.is_file() else package.parent / "tests" / "data" / "emma_opening.txt"
 
 
 @dataclasses.dataclass(frozen=True)
