@@ -13,6 +13,8 @@ Subcommands:
 * ``inspect``: a real checkpoint on real text (:mod:`svflow_jax.inspection`): exactness of its
   flow, the geometry of its layers, smoothness of its weights in depth, refinement
   consistency; exit code 1 when its flow does not reproduce it.
+* ``diagnose``: SVFlow diagnostics of a pretrained model under prefix shuffling
+  (:mod:`svflow_jax.diagnose`); exit code 0 when the run completes, 2 on bad options.
 
 Options are checked before anything is compiled.
 """
@@ -349,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="do not use JAX's persistent compilation cache")
     inspect.add_argument("--cache-dir", help="compilation cache folder")
     inspect.set_defaults(run=_inspect)
+    from .diagnose.cli import add_diagnose_parser
+
+    add_diagnose_parser(sub)
     return parser
 
 
