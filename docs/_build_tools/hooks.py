@@ -115,7 +115,7 @@ def _notebook_page(path: Path) -> tuple[str, dict[str, bytes]]:
 def on_files(files: Files, config) -> Files:
     start = time.perf_counter()
     for name in public_modules():
-        content = f"# `{name}`\n\n::: {name}\n"
+        content = f"::: {name}\n"
         files.append(File.generated(config, f"api/{name}.md", content=content))
     for path in notebook_cache.notebooks():
         body, outputs = _notebook_page(path)
