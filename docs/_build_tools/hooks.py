@@ -54,7 +54,7 @@ def notebook_title(path: Path) -> str:
     """The notebook's first Markdown heading (``# # Title`` in percent format)."""
     for line in path.read_text().splitlines():
         if line.startswith("# # "):
-            return line[4:].strip()
+            return line[4:].replace("$", "").strip()  # no MathJax in the navigation
     return path.stem
 
 
