@@ -1,4 +1,4 @@
-"""The home page's figure: the claim in one picture, measured at build time by ``svflow_jax.claims``.
+"""The home page's figure: the claim in one picture, measured at build time by the claims.
 
 Three registered claims of ``svflow verify`` on its ``--quick`` problem (random weights, a smooth
 ``theta(t)``, float64):
