@@ -10,11 +10,15 @@
 * **API pages** are one ``::: module`` directive each, rendered by mkdocstrings from the
   docstrings.
 * **The home page figure** (``figures/claim.png``) is measured by ``claim_figure.py``.
+* **``docs/theory.md``** indents list continuations by 2 spaces (formulas inside a bullet by 6),
+  as GitHub renders them; Python-Markdown needs 4, so the hook adds 2 spaces to the indented
+  lines of its lists before rendering (the file itself is left as it is).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -110,6 +114,36 @@ def _notebook_page(path: Path) -> tuple[str, dict[str, bytes]]:
     else:
         body = note + body
     return body, resources.get("outputs", {})
+
+
+_LIST_ITEM = re.compile(r"(?:[*+-]|\d+\.) ")
+
+
+def two_space_lists(markdown: str) -> str:
+    """Adds 2 spaces to every indented line that continues a list (outside fenced code), and a
+    blank line before an item that follows such a line."""
+    out, in_list, fenced = [], False, False
+    for line in markdown.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+            in_list = False
+        elif not fenced and _LIST_ITEM.match(line):
+            if in_list and out and out[-1].startswith(" ") and out[-1].strip():
+                out.append("")  # else Python-Markdown reads the item as the paragraph's text
+            in_list = True
+        elif not fenced and in_list and line.strip():
+            if line.startswith(" "):
+                line = "  " + line
+            else:
+                in_list = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri == "theory.md":
+        return two_space_lists(markdown)
+    return markdown
 
 
 def on_files(files: Files, config) -> Files:
