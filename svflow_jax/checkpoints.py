@@ -81,6 +81,15 @@ class CheckpointError(ValueError):
 
 
 class LoadedModel(NamedTuple):
+    """What the loaders return; unpacks as ``model, config, tokenizer``.
+
+    Attributes:
+        model: the ``TransformerLM`` with the checkpoint's weights; ``model(ids)`` maps token ids
+            of shape ``(batch, n)`` to logits ``(batch, n, vocab)``.
+        config: its ``TransformerConfig``.
+        tokenizer: the checkpoint's ``tokenizers.Tokenizer``, or ``None`` when it ships none.
+    """
+
     model: TransformerLM
     config: TransformerConfig
     tokenizer: Any  # tokenizers.Tokenizer | None
@@ -576,6 +585,21 @@ def load_hf(
     ``download=True`` fetches ``path`` as a hub repository id with
     ``huggingface_hub.snapshot_download`` when it is not a local folder (needs that package
     and a network connection; nothing else here does).
+
+    Args:
+        path: a folder with ``config.json``, ``model.safetensors`` (or a sharded index) and
+            ``tokenizer.json``; with ``download=True``, a hub repository id.
+        dtype: dtype of the parameters (default float32).
+        download: fetch ``path`` from the hub when it is not a local folder.
+        revision: the hub revision to fetch (with ``download=True``).
+
+    Returns:
+        ``LoadedModel(model, config, tokenizer)``.
+
+    Raises:
+        CheckpointError: anything the Transformer cannot honour exactly (an unknown
+            ``model_type``, a RoPE type, sliding windows, missing, extra or misshapen tensors),
+            named in the message.
     """
     folder = _resolve_folder(path, download, revision)
     config_path = folder / "config.json"
@@ -791,7 +815,20 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Any:
 
 
 def load_gguf(path: str | Path, *, dtype: Any = jnp.float32) -> LoadedModel:
-    """A llama-architecture GGUF file as a ``TransformerLM``, with the GGUF's own tokenizer."""
+    """A llama-architecture GGUF file as a ``TransformerLM``, with the GGUF's own tokenizer.
+
+    Args:
+        path: the ``.gguf`` file; quantised tensors are dequantised with the ``gguf`` package
+            and Q/K rows un-permuted from llama.cpp's RoPE layout.
+        dtype: dtype of the parameters (default float32).
+
+    Returns:
+        ``LoadedModel(model, config, tokenizer)`` (the tokenizer built from the GGUF's BPE).
+
+    Raises:
+        CheckpointError: another architecture, an unsupported quantisation, missing or
+            misshapen tensors.
+    """
     import gguf
 
     path = Path(path)
@@ -832,7 +869,19 @@ def load_gguf(path: str | Path, *, dtype: Any = jnp.float32) -> LoadedModel:
 
 
 def load(path: str | Path, **kwargs: Any) -> LoadedModel:
-    """:func:`load_gguf` for a ``.gguf`` file, :func:`load_hf` otherwise."""
+    """:func:`load_gguf` for a ``.gguf`` file, :func:`load_hf` otherwise.
+
+    Args:
+        path: a ``.gguf`` file or a Hugging Face folder.
+        **kwargs: passed on to the loader (``dtype``; for folders also ``download``,
+            ``revision``).
+
+    Returns:
+        ``LoadedModel(model, config, tokenizer)``.
+
+    Raises:
+        CheckpointError: see the two loaders.
+    """
     if str(path).endswith(".gguf"):
         return load_gguf(path, **kwargs)
     return load_hf(path, **kwargs)

@@ -387,6 +387,20 @@ def flow_states(
     reads that layer's weights: pre-norm solvers are wrapped in :class:`WithinStep`).
     ``throw=False`` (under ``jit``): no runtime checks in the program; a failed step (a
     standard post-norm step across the origin) comes back as NaN for the caller to check.
+
+    Args:
+        flow: the model's flow (:func:`to_flow`).
+        config: the Transformer's configuration (block, norm position, projection).
+        x0: the first hidden state, shape ``(..., n, d)``.
+        solver: another solver for the same flow (default: the block's own).
+        throw: check failed steps at run time (``False`` under ``jit``).
+        steps_per_layer: solver steps in each layer.
+
+    Returns:
+        The states after each layer, shape ``(L, ..., n, d)``, in the Transformer's units.
+
+    Raises:
+        ValueError: ``steps_per_layer < 1``.
     """
     x0 = jnp.asarray(x0)
     m = int(steps_per_layer)

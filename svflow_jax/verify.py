@@ -119,7 +119,17 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[ClaimResult], dict[str, Any]]:
     """Runs ``claims`` (default: every registered claim); returns the results and the compile
-    statistics (with ``total_s``)."""
+    statistics (with ``total_s``).
+
+    Args:
+        options: the run's sizes, dtype and seed.
+        claims: the claims to run (:func:`svflow_jax.claims.select`); default all.
+        progress: called with each claim's name as it starts.
+
+    Returns:
+        ``(results, compile)``: one :class:`~svflow_jax.claims.ClaimResult` per claim, and the
+        ``compile`` dictionary of ``summary.json`` (XLA compilations, cache hits, seconds).
+    """
     claims = select() if claims is None else list(claims)
     start = time.perf_counter()
     with compile_stats() as stats:
@@ -133,7 +143,19 @@ def summary(
     extra_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: ``passed`` is true when no claim failed (``None``, unresolved in
-    float32, does not fail)."""
+    float32, does not fail).
+
+    Args:
+        results: what :func:`run` returned.
+        options: the options of the run.
+        compile: the compile statistics :func:`run` returned.
+        extra_config: more keys for ``config`` (the command line adds ``quick``, ``only``,
+            ``compile_cache``).
+
+    Returns:
+        The ``summary.json`` dictionary, schema version :data:`SCHEMA_VERSION` (documented in
+        the site's "Report formats").
+    """
     config = {**vars(options), "depths": list(options.depths), **(extra_config or {}),
               "reference_tolerance": _measure.REFERENCE_TOLERANCE,
               "fit_floor": _measure.fit_floor(options.dtype), "fit_ceiling": _measure.FIT_CEILING,

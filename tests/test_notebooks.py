@@ -12,25 +12,45 @@ ipykernel's built-in spec, which launches ``sys.executable`` (a ``python3`` kern
 for the user or system, pointing at another Python, cannot be picked up). A first cell injected
 into the in-memory notebook prints the kernel's ``sys.executable`` and the test checks it.
 
+Execution is shared with the documentation site (``docs/_build_tools/notebook_cache.py``): the
+executed notebook is saved to ``build/notebooks/`` for the site, and a notebook the docs build
+(``tests/test_docs.py``) already executed *during this same test run*, with the same sources, is
+checked from that execution instead of being run a second time. Outputs of an earlier run are
+never reused here.
+
 Wall times are printed (and recorded as a junit property), never asserted.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-import time
+import uuid
 from pathlib import Path
 
-import jupytext
-import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
-from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.py"))
-EXECUTABLE_TAG = "kernel-executable:"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_notebook_cache():
+    """``docs/_build_tools/notebook_cache.py``, imported once per process."""
+    name = "svflow_docs_notebook_cache"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / "docs" / "_build_tools" / "notebook_cache.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+notebook_cache = _load_notebook_cache()
+# One id per test run, shared by every xdist worker (and by the docs build they start).
+RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or os.environ.setdefault(
+    "SVFLOW_PYTEST_RUN_ID", uuid.uuid4().hex)
+NOTEBOOKS = notebook_cache.notebooks()
 
 
 def test_notebooks_exist():
@@ -38,25 +58,14 @@ def test_notebooks_exist():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, tmp_path: Path, capsys, record_property):
-    nb = jupytext.read(path)
-    probe = nbformat.v4.new_code_cell(f"import sys; print({EXECUTABLE_TAG!r}, sys.executable)")
-    nb.cells.insert(0, probe)
+def test_notebook_runs(path: Path, capsys, record_property):
+    nb, info = notebook_cache.executed(path, reuse="run", run_id=RUN_ID)
 
-    kernel_manager = AsyncKernelManager(
-        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[])
-    )
-    client = NotebookClient(
-        nb, km=kernel_manager, timeout=600, kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    start = time.perf_counter()
-    client.execute()
-    seconds = time.perf_counter() - start
-
-    printed = "".join(out.get("text", "") for out in nb.cells[0].outputs)
-    assert EXECUTABLE_TAG in printed, printed
-    kernel_python = printed.split(EXECUTABLE_TAG, 1)[1].strip()
+    probe = nb.cells[0]
+    printed = "".join(out.get("text", "") for out in probe.outputs)
+    tag = notebook_cache.EXECUTABLE_TAG
+    assert tag in printed, printed
+    kernel_python = printed.split(tag, 1)[1].strip()
     assert os.path.realpath(kernel_python) == os.path.realpath(sys.executable), (
         f"the notebook kernel ran {kernel_python}, not this interpreter {sys.executable}"
     )
@@ -64,6 +73,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, capsys, record_property):
     final = "".join(out.get("text", "") for out in last.outputs)
     assert "all checks passed" in final, "the notebook must end with its checks cell"
 
-    record_property("wall_time_s", round(seconds, 1))
+    record_property("wall_time_s", info["seconds"])
+    how = " (executed by the docs build in this run)" if info["reused"] else ""
     with capsys.disabled():
-        print(f"\n[notebook] {path.name}: {seconds:.1f} s")
+        print(f"\n[notebook] {path.name}: {info['seconds']:.1f} s{how}")

@@ -224,7 +224,17 @@ def get(name: str) -> Claim:
 
 
 def select(patterns: Iterable[str] | None = None) -> list[Claim]:
-    """The registered claims whose name starts with one of ``patterns`` (all when ``None``)."""
+    """The registered claims whose name starts with one of ``patterns`` (all when ``None``).
+
+    Args:
+        patterns: name prefixes, e.g. ``["exactness/", "order/rk4"]``.
+
+    Returns:
+        The matching claims, in registry order.
+
+    Raises:
+        ValueError: a pattern matches no claim.
+    """
     claims = list(all_claims().values())
     if patterns is None:
         return claims

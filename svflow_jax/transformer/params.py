@@ -4,6 +4,7 @@
 ``L`` first. ``d = d_model``, ``H = n_heads``, ``Hkv = kv_heads``, ``dk = d_head``, ``f = d_ff``,
 ``E = n_experts``; ``[...]`` marks arrays present only with the flag named.
 
+```text
 =================  ======================  ==================================================
 name               shape                   role
 =================  ======================  ==================================================
@@ -30,6 +31,7 @@ expert weights     (L, E, ...)             ffn="moe": the gelu/swiglu names abov
 [norm_gain]        (L, d)                  norm_gain; parallel (one Norm per layer)
 [..._bias]         (L, d)                  has_norm_bias (LayerNorm): same names, ``_bias``
 =================  ======================  ==================================================
+```
 
 ``outer_norm_params(model)`` returns the (unstacked, ``(d,)``) gain/bias of the stack's own
 Norm: ``input_norm_gain`` [``input_norm_bias``] (post-norm) or ``final_norm_gain``

@@ -1,0 +1,164 @@
+"""MkDocs hooks: the pages generated at build time (``hooks:`` in ``mkdocs.yml``).
+
+* **Navigation** is computed here, not listed in ``mkdocs.yml``: every ``notebooks/*.py`` becomes
+  a page under "Notebooks" and every public module of ``svflow_jax`` (found by walking the
+  package directory: no path component starting with ``_``) a page under "API reference", so a
+  new notebook or module appears without editing the configuration.
+* **Notebooks** are executed (or taken from the shared execution cache, see
+  ``notebook_cache.py``) and converted to Markdown with nbconvert; their figures become PNG files
+  of the site. A notebook that fails to execute fails the build.
+* **API pages** are one ``::: module`` directive each, rendered by mkdocstrings from the
+  docstrings.
+* **The home page figure** (``figures/claim.png``) is measured by ``claim_figure.py``.
+* **``docs/theory.md``** indents list continuations by 2 spaces (formulas inside a bullet by 6),
+  as GitHub renders them; Python-Markdown needs 4, so the hook adds 2 spaces to the indented
+  lines of its lists before rendering (the file itself is left as it is).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import claim_figure  # noqa: E402
+import notebook_cache  # noqa: E402
+
+ROOT = notebook_cache.ROOT
+PACKAGE = "svflow_jax"
+log = logging.getLogger("mkdocs.plugins.svflow_docs")
+
+HOWTO = [
+    {"Verify the claim": "howto/verify.md"},
+    {"Load a checkpoint and inspect it": "howto/inspect-a-checkpoint.md"},
+    {"Write your own layer design": "howto/layer-design.md"},
+    {"Train a layer design": "howto/train-a-design.md"},
+]
+
+
+def public_modules() -> list[str]:
+    """Dotted names of every public module and package of ``svflow_jax``, sorted."""
+    names = []
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if any(part.startswith("_") for part in parts):
+            continue
+        names.append(".".join(parts))
+    return sorted(names)
+
+
+def notebook_title(path: Path) -> str:
+    """The notebook's first Markdown heading (``# # Title`` in percent format)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("# # "):
+            return line[4:].replace("$", "").strip()  # no MathJax in the navigation
+    return path.stem
+
+
+def _api_nav(modules: list[str]) -> list:
+    nav: list = []
+    sections: dict[str, list] = {}
+    for name in modules:
+        parts = name.split(".")
+        page = {name: f"api/{name}.md"}
+        if len(parts) == 1:
+            nav.append(page)
+        elif (ROOT / Path(*parts) / "__init__.py").exists() or len(parts) > 2:
+            sections.setdefault(".".join(parts[:2]), []).append(page)
+        else:
+            nav.append(page)
+    for package, pages in sorted(sections.items()):
+        nav.append({package: pages})
+    return nav
+
+
+def on_config(config):
+    nav = [
+        {"Home": "index.md"},
+        {"Theory": "theory.md"},
+        {"Notebooks": [{notebook_title(p): f"notebooks/{p.stem}.md"}
+                       for p in notebook_cache.notebooks()]},
+        {"How-to guides": HOWTO},
+        {"Report formats": "reports.md"},
+        {"API reference": _api_nav(public_modules())},
+    ]
+    config["nav"] = nav
+    return config
+
+
+def _notebook_page(path: Path) -> tuple[str, dict[str, bytes]]:
+    from nbconvert import MarkdownExporter
+    from traitlets.config import Config
+
+    nb, info = notebook_cache.executed(path, reuse="key")
+    c = Config()
+    c.TagRemovePreprocessor.enabled = True
+    c.TagRemovePreprocessor.remove_cell_tags = {notebook_cache.PROBE_CELL_TAG}
+    exporter = MarkdownExporter(config=c)
+    body, resources = exporter.from_notebook_node(
+        nb, resources={"unique_key": path.stem, "output_files_dir": f"{path.stem}_files"})
+    how = "reused from this build's cache" if info["reused"] else "executed by this build"
+    note = (f"\n\n!!! note \"Executed notebook\"\n    Source: `notebooks/{path.name}` "
+            f"(jupytext percent format). Outputs and figures below come from running it at "
+            f"build time ({info['seconds']:.0f} s, {how}).\n\n")
+    lines = body.lstrip().split("\n", 1)
+    if lines[0].startswith("# "):  # the note goes under the title
+        body = lines[0] + note + (lines[1] if len(lines) > 1 else "")
+    else:
+        body = note + body
+    return body, resources.get("outputs", {})
+
+
+_LIST_ITEM = re.compile(r"(?:[*+-]|\d+\.) ")
+
+
+def two_space_lists(markdown: str) -> str:
+    """Adds 2 spaces to every indented line that continues a list (outside fenced code), and a
+    blank line before an item that follows such a line."""
+    out, in_list, fenced = [], False, False
+    for line in markdown.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+            in_list = False
+        elif not fenced and _LIST_ITEM.match(line):
+            if in_list and out and out[-1].startswith(" ") and out[-1].strip():
+                out.append("")  # else Python-Markdown reads the item as the paragraph's text
+            in_list = True
+        elif not fenced and in_list and line.strip():
+            if line.startswith(" "):
+                line = "  " + line
+            else:
+                in_list = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri == "theory.md":
+        return two_space_lists(markdown)
+    return markdown
+
+
+def on_files(files: Files, config) -> Files:
+    start = time.perf_counter()
+    for name in public_modules():
+        content = f"::: {name}\n"
+        files.append(File.generated(config, f"api/{name}.md", content=content))
+    for path in notebook_cache.notebooks():
+        body, outputs = _notebook_page(path)
+        files.append(File.generated(config, f"notebooks/{path.stem}.md", content=body))
+        for name, data in outputs.items():
+            files.append(File.generated(config, f"notebooks/{name}", content=data))
+    log.info("svflow docs: notebooks ready in %.1f s", time.perf_counter() - start)
+    start = time.perf_counter()
+    figure = claim_figure.png(claim_figure.measure())
+    files.append(File.generated(config, "figures/claim.png", content=figure))
+    log.info("svflow docs: home figure measured in %.1f s", time.perf_counter() - start)
+    return files
