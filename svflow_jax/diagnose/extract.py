@@ -25,7 +25,7 @@ summaries (the ``(H, n, d)`` natural parameters of 30 layers are never stored).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +193,7 @@ def window_diagnostics(
     inverse: np.ndarray,
     scored: int,
     targets: np.ndarray | None = None,
-    dtype=None,
+    dtype: Any = None,
 ) -> LayerSummaries:
     """The per-layer diagnostics of ``P`` versions of one window.
 
