@@ -142,9 +142,9 @@ def loss_and_count(model: SolverLM, inputs, targets, weights, num_steps=None):
     return jnp.sum(nll * weights), jnp.sum(weights), jnp.sum(correct * weights)
 
 
-def _mesh() -> Mesh:
-    """All devices on one ``"data"`` axis (automatic sharding propagation)."""
-    return Mesh(np.array(jax.devices()), ("data",))
+def _mesh(devices=None) -> Mesh:
+    """The devices (default: all) on one ``"data"`` axis (automatic sharding propagation)."""
+    return Mesh(np.array(jax.devices() if devices is None else list(devices)), ("data",))
 
 
 def _put_batch(batch, mesh):
@@ -196,17 +196,18 @@ def _read_rows(out: Path, upto: int) -> list[dict[str, Any]]:
 
 def train(
     config: TrainConfig, out: str | Path | None = None, *, progress: bool = True,
-    stop_after: int | None = None,
+    stop_after: int | None = None, devices=None,
 ) -> TrainResult:
     """Trains ``config`` (module docstring). ``out``: folder for config, metrics and
     checkpoints (resumes from its latest checkpoint); ``None``: nothing written, no resume.
-    ``stop_after``: stop (after checkpointing) at this step, as if interrupted."""
+    ``stop_after``: stop (after checkpointing) at this step, as if interrupted. ``devices``:
+    the devices to shard the batch over (default: all of ``jax.devices()``)."""
     import orbax.checkpoint as ocp
     from tqdm.auto import tqdm
 
     config = config.resolved()
     task = get_task(config.task, config.model.context)
-    mesh = _mesh()
+    mesh = _mesh(devices)
     if config.batch_size % mesh.size:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the "
                          f"{mesh.size} devices (data parallelism)")
@@ -250,7 +251,7 @@ def train(
     def train_step(params, opt_state, inputs, targets, weights):
         loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets, weights)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, optax.global_norm(grads)
+        return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
     schedule_lr = make_optimizer_lr(config)
     end = config.steps if stop_after is None else min(stop_after, config.steps)
