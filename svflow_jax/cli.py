@@ -10,6 +10,7 @@ Subcommands:
   options.
 * ``sweep``: a step-size sweep of chosen solvers (registered names or ``package.module:Class``);
   resumable; exit code 1 when an order misses its expectation or cannot be fitted.
+* ``train``: train a solver as a layer design (:mod:`svflow_jax.training.cli`).
 
 Options are checked before anything is compiled.
 """
@@ -259,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--steps", type=_positive_int, nargs=2, metavar=("FIRST", "LAST"),
                        help="first and last number of steps (default: per solver)")
     sweep.set_defaults(run=_sweep)
+
+    from .training.cli import add_train_parser  # svflow train (svflow_jax/training/cli.py)
+
+    add_train_parser(sub)
     return parser
 
 
