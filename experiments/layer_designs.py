@@ -106,8 +106,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "config.json"
-    if saved.exists() and json.loads(saved.read_text()) != s:
-        raise SystemExit(f"{out} holds an experiment with other settings; use a new --out")
+    lists = ("designs", "seeds", "recall_designs")  # runs live in per-design, per-seed folders
+    if saved.exists():
+        before = {k: v for k, v in json.loads(saved.read_text()).items() if k not in lists}
+        if before != {k: v for k, v in s.items() if k not in lists}:
+            raise SystemExit(f"{out} holds an experiment with other settings; use a new --out")
     saved.write_text(json.dumps(s, indent=2))
     start = time.perf_counter()
 
