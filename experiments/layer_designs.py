@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 DEFAULT = dict(
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
         os.environ["XLA_FLAGS"] = QUICK_XLA_FLAGS
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from svflow_jax.designs import DesignConfig
-    from svflow_jax.training import TrainConfig, get_task
+    from svflow_jax.training import TrainConfig
     from svflow_jax.training.compare import (
         equal_compute_steps,
         interval,
@@ -273,7 +275,7 @@ def figures(out: Path, s, runs, interval) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for design in s["designs"]:
         a = runs[(design, 0)]["adaptive"]
-        for j, row in enumerate(a):
+        for row in a:
             ax.scatter(row["per_input_evaluations"], np.array(row["per_input_loss"]) / np.log(2),
                        s=8, alpha=0.5, label=f"{design} rtol={row['rtol']:g}")
     ax.set_xlabel("field evaluations used (per input sequence)")
@@ -329,8 +331,6 @@ def write_report(out: Path, s, results) -> None:
         lines.append(f"| {r['design']} | {r['blocks']} | {_fmt(r['accuracy'])} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
-
-import numpy as np  # noqa: E402  (after the docstring-driven argparse; used by the figures)
 
 if __name__ == "__main__":
     raise SystemExit(main())
