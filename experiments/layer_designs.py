@@ -24,7 +24,7 @@ next to a plain NNX TransformerLM of the same width with 12 layers (the same com
 A second, small task where depth matters (two-hop associative recall, accuracy) compares a
 subset of the designs.
 
-Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 500 optimiser steps, 3 seeds,
+Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
 8 designs. Designed to fit in about 45 minutes on 2 CPU cores. ``--quick`` (CI): ``d = 16``,
 two designs, 2 seeds, 12 steps, budget 4: under 2 minutes.
 
@@ -51,7 +51,7 @@ QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
 DEFAULT = dict(
     designs=["euler", "heun", "midpoint", "rk4", "geodesic-euler", "crouch-grossman3",
              "lie-trotter", "strang"],
-    budget=12, seeds=3, steps=500, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
+    budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
     anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
     rtols=[1e-1, 3e-2, 1e-2], recall_designs=["euler", "heun", "rk4", "strang"],
     recall_steps=400, throughput_repeats=5,
