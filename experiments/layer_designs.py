@@ -54,7 +54,7 @@ DEFAULT = dict(
     budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
     anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
     rtols=[1e-1, 3e-2, 1e-2], recall_designs=["euler", "heun", "rk4", "strang"],
-    recall_steps=400, throughput_repeats=5,
+    recall_steps=300, throughput_repeats=5,
 )
 QUICK = dict(
     designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="optimiser steps per run (default 500)")
     p.add_argument("--designs", nargs="+", help="designs to compare (default: all eight)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the report from the runs already in --out "
+                   "(over the seeds each design has; throughput is measured)")
     args = p.parse_args(argv)
     for name in ("seeds", "steps"):
         value = getattr(args, name)
@@ -97,6 +100,7 @@ def main(argv=None) -> int:
     from svflow_jax.designs import DesignConfig
     from svflow_jax.training import TrainConfig
     from svflow_jax.training.compare import (
+        count_parameters,
         equal_compute_steps,
         interval,
         plain_transformer,
@@ -124,27 +128,35 @@ def main(argv=None) -> int:
                        eval_sequences=s["eval_sequences"], log_every=s["eval_every"])
     plan = equal_compute_steps(s["designs"], s["budget"])
     runs = {}
-    for design in s["designs"]:
-        for seed in range(s["seeds"]):
+    for seed in range(s["seeds"]):  # seed-major: an interrupted run has every design at seed 0
+        for design in s["designs"]:
+            folder = out / "runs" / "austen" / f"{design}-seed{seed}"
+            if args.report_only:
+                if (folder / "summary.json").exists():
+                    runs[(design, seed)] = json.loads((folder / "summary.json").read_text())
+                continue
             print(f"[{time.perf_counter() - start:6.0f}s] austen {design} seed {seed} "
                   f"({plan[design]} blocks)", flush=True)
-            runs[(design, seed)] = run_design(
-                base, design, plan[design], seed, out / "runs" / "austen" / f"{design}-seed{seed}",
-                rtols=s["rtols"], progress=not args.no_progress)
+            runs[(design, seed)] = run_design(base, design, plan[design], seed, folder,
+                                              rtols=s["rtols"], progress=not args.no_progress)
 
     recall_plan = equal_compute_steps(s["recall_designs"], s["budget"])
     recall_base = dataclasses.replace(base, task="recall", steps=s["recall_steps"],
                                       warmup=max(1, s["recall_steps"] // 20),
                                       eval_every=max(1, s["recall_steps"] // 4), lr=3e-3)
     recall = {}
-    for design in s["recall_designs"]:
-        for seed in range(s["seeds"]):
+    for seed in range(s["seeds"]):
+        for design in s["recall_designs"]:
+            folder = out / "runs" / "recall" / f"{design}-seed{seed}"
+            if args.report_only:
+                if (folder / "summary.json").exists():
+                    recall[(design, seed)] = json.loads((folder / "summary.json").read_text())
+                continue
             print(f"[{time.perf_counter() - start:6.0f}s] recall {design} seed {seed}",
                   flush=True)
-            recall[(design, seed)] = run_design(
-                recall_base, design, recall_plan[design], seed,
-                out / "runs" / "recall" / f"{design}-seed{seed}", transfer_factors=(),
-                progress=not args.no_progress)
+            recall[(design, seed)] = run_design(recall_base, design, recall_plan[design], seed,
+                                                folder, transfer_factors=(),
+                                                progress=not args.no_progress)
 
     print(f"[{time.perf_counter() - start:6.0f}s] throughput", flush=True)
     from flax import nnx
@@ -159,6 +171,7 @@ def main(argv=None) -> int:
     plain = plain_transformer(resolved, int(s["budget"]))
     speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
                                       s["throughput_repeats"])
+    speed["transformer"]["parameters"] = count_parameters(plain)
 
     results = summarise(s, plan, runs, recall, speed, interval)
     results["seconds"] = time.perf_counter() - start
@@ -173,7 +186,9 @@ def main(argv=None) -> int:
 def summarise(s, plan, runs, recall, speed, interval) -> dict:
     rows = []
     for design in s["designs"]:
-        seeds = [runs[(design, k)] for k in range(s["seeds"])]
+        seeds = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
+        if not seeds:
+            continue
         bpc = interval([r["final"]["val_bpc"] for r in seeds])
         transfer = {}
         for i, t in enumerate(seeds[0]["transfer"]):
@@ -187,15 +202,18 @@ def summarise(s, plan, runs, recall, speed, interval) -> dict:
                              "loss": interval([r["adaptive"][i]["loss"] for r in seeds]),
                              "all_finished": all(r["adaptive"][i]["all_finished"]
                                                  for r in seeds)})
-        rows.append({"design": design, "blocks": plan[design],
+        rows.append({"design": design, "blocks": plan[design], "seeds": len(seeds),
                      "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
                      "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
                      "train_seconds": interval([r["train_seconds"] for r in seeds]),
                      **speed[design]})
     recall_rows = []
     for design in s["recall_designs"]:
-        seeds = [recall[(design, k)] for k in range(s["seeds"])]
+        seeds = [recall[(design, k)] for k in range(s["seeds"]) if (design, k) in recall]
+        if not seeds:
+            continue
         recall_rows.append({"design": design, "blocks": seeds[0]["num_steps"],
+                            "seeds": len(seeds),
                             "accuracy": interval([r["final"]["val_accuracy"] for r in seeds])})
     return {"settings": s, "austen": rows, "recall": recall_rows,
             "transformer": speed["transformer"]}
@@ -235,8 +253,11 @@ def figures(out: Path, s, runs, interval) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for design in s["designs"]:
-        curves = [[(h["step"], h["seconds"], h["val_bpc"]) for h in runs[(design, k)]["history"]
-                   if "val_bpc" in h] for k in range(s["seeds"])]
+        keys = [(design, k) for k in range(s["seeds"]) if (design, k) in runs]
+        if not keys:
+            continue
+        curves = [[(h["step"], h["seconds"], h["val_bpc"]) for h in runs[key]["history"]
+                   if "val_bpc" in h] for key in keys]
         arr = np.array(curves)  # (seeds, evals, 3)
         mean = arr[..., 2].mean(0)
         half = np.array([interval(arr[:, j, 2])[1] for j in range(arr.shape[1])])
@@ -257,7 +278,9 @@ def figures(out: Path, s, runs, interval) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for design in s["designs"]:
-        rows = [runs[(design, k)] for k in range(s["seeds"])]
+        rows = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
+        if not rows:
+            continue
         factors = [1.0] + [t["factor"] for t in rows[0]["transfer"]]
         vals = [[r["final"]["val_bpc"]] + [t["bpc"] for t in r["transfer"]] for r in rows]
         order = np.argsort(factors)
@@ -274,7 +297,7 @@ def figures(out: Path, s, runs, interval) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for design in s["designs"]:
-        a = runs[(design, 0)]["adaptive"]
+        a = runs[(design, 0)]["adaptive"] if (design, 0) in runs else []
         for row in a:
             ax.scatter(row["per_input_evaluations"], np.array(row["per_input_loss"]) / np.log(2),
                        s=8, alpha=0.5, label=f"{design} rtol={row['rtol']:g}")
@@ -299,18 +322,20 @@ def write_report(out: Path, s, results) -> None:
         f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass. Intervals: "
         f"95% Student t over seeds. Total run time {results['seconds']:.0f} s.",
         "",
-        "| design | blocks | evaluations | parameters | val. bits/char | depth transfer "
-        "(bits/char at blocks) | train tok/s | inference tok/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| design | blocks | evaluations | parameters | seeds | val. bits/char | depth "
+        "transfer (bits/char at blocks) | train tok/s | inference tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["austen"]:
         lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
-                     f"{r['parameters']} | {_fmt(r['val_bpc'])} | {_transfer_words(r)} | "
+                     f"{r['parameters']} | {r['seeds']} | {_fmt(r['val_bpc'])} | "
+                     f"{_transfer_words(r)} | "
                      f"{r['train_tokens_per_s']:.0f} | {r['inference_tokens_per_s']:.0f} |")
     t = results["transformer"]
     lines += [
         f"| plain NNX TransformerLM ({s['budget']} layers) | {s['budget']} | {s['budget']} | "
-        f"- | - | - | {t['train_tokens_per_s']:.0f} | {t['inference_tokens_per_s']:.0f} |",
+        f"{t['parameters']} | - | - | - | {t['train_tokens_per_s']:.0f} | "
+        f"{t['inference_tokens_per_s']:.0f} |",
         "",
         "![validation curves](validation_curves.png)",
         "",
@@ -326,9 +351,10 @@ def write_report(out: Path, s, results) -> None:
     lines += ["", "![adaptive depth](adaptive_depth.png)", "",
               "![depth transfer](depth_transfer.png)", "",
               "## Two-hop associative recall (accuracy on held-out problems)", "",
-              "| design | blocks | accuracy |", "|---|---|---|"]
+              "| design | blocks | seeds | accuracy |", "|---|---|---|---|"]
     for r in results["recall"]:
-        lines.append(f"| {r['design']} | {r['blocks']} | {_fmt(r['accuracy'])} |")
+        lines.append(f"| {r['design']} | {r['blocks']} | {r['seeds']} | "
+                     f"{_fmt(r['accuracy'])} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 

@@ -83,7 +83,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=_positive_float, help="peak learning rate (default 3e-3)")
     p.add_argument("--warmup", type=_nonnegative_int, help="warm-up steps (default 20)")
     p.add_argument("--seed", type=_nonnegative_int, help="seed (default 0)")
-    p.add_argument("--eval-every", type=_positive_int, help="validation period (default 50)")
+    p.add_argument("--eval-every", type=_nonnegative_int,
+                   help="validation period (default 50; 0: no validation)")
     p.add_argument("--checkpoint-every", type=_nonnegative_int,
                    help="checkpoint period in steps (default 0: only at the end)")
     p.add_argument("--out", help="output folder (default results/train-<design>-<time>)")

@@ -8,10 +8,10 @@ scored on ``-log p(targets)`` where ``weights`` is 1 (next-token prediction, cau
   first 250k characters of *Pride and Prejudice*; validation from *Persuasion*, a held-out
   novel. The metric is bits per character ``= mean nats / ln 2`` (the text is ASCII: one byte
   per character).
-* :class:`MultiHopRecall`: ``m`` pairs ``k v`` of a random permutation ``f`` of ``S`` symbols,
-  then a separator and a query ``x``; the target is ``f^hops(x)`` (two hops by default). Only
-  the answer is scored; the metric is accuracy. Each hop needs an attention look-up, so depth
-  matters.
+* :class:`MultiHopRecall`: the ``S`` pairs ``k f(k)`` of a random permutation ``f`` of ``S``
+  symbols, a separator, then query symbols ``x``; the target at each query is ``f^hops(x)``
+  (two hops by default). Only the answers are scored; the metric is accuracy. Each hop needs an
+  attention look-up, so depth matters.
 
 The batch of training step ``i`` is a function of ``(seed, i)`` only, so a resumed run sees the
 same batches as an uninterrupted one.
@@ -76,10 +76,17 @@ class AustenBytes:
 
 @dataclasses.dataclass(frozen=True)
 class MultiHopRecall:
-    """Multi-hop associative recall (module docstring): ``S`` symbols, all ``S`` pairs shown."""
+    """Multi-hop associative recall (module docstring).
 
-    symbols: int = 16
+    A sequence lists the ``S`` pairs ``k f(k)`` of a random permutation ``f`` of ``S`` symbols
+    (in random order), then a separator, then ``queries`` query symbols ``x_1 .. x_Q``; the
+    target at query ``x_i`` is ``f^hops(x_i)`` (predicted at the query's own position, so the
+    answer is never in the input). Only the query positions are scored.
+    """
+
+    symbols: int = 8
     hops: int = 2
+    queries: int = 8
     metric: str = "accuracy"
     name: str = "recall"
 
@@ -89,10 +96,10 @@ class MultiHopRecall:
 
     @property
     def context(self) -> int:
-        return 2 * self.symbols + 2
+        return 2 * self.symbols + 1 + self.queries
 
     def _make(self, rng: np.random.Generator, batch_size: int):
-        S, n = self.symbols, self.context
+        S, n, Q = self.symbols, self.context, self.queries
         inputs = np.zeros((batch_size, n), np.int32)
         targets = np.zeros((batch_size, n), np.int32)
         weights = np.zeros((batch_size, n), np.float32)
@@ -101,14 +108,14 @@ class MultiHopRecall:
             order = rng.permutation(S)
             inputs[b, 0:2 * S:2] = order
             inputs[b, 1:2 * S:2] = f[order]
-            x = rng.integers(S)
             inputs[b, 2 * S] = S
-            inputs[b, 2 * S + 1] = x
+            x = rng.integers(0, S, Q)
             y = x
             for _ in range(self.hops):
                 y = f[y]
-            targets[b, -1] = y
-            weights[b, -1] = 1.0
+            inputs[b, 2 * S + 1:] = x
+            targets[b, 2 * S + 1:] = y
+            weights[b, 2 * S + 1:] = 1.0
         return inputs, targets, weights
 
     def batch(self, seed: int, step: int, batch_size: int):

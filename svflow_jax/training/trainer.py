@@ -61,7 +61,7 @@ class TrainConfig:
         lr, warmup, final_lr_fraction: peak learning rate, warm-up steps, end of the cosine.
         weight_decay, clip: AdamW decay, global-norm clipping threshold.
         seed: initial weights and batches.
-        eval_every: validation every this many steps (and at the last step).
+        eval_every: validation every this many steps (and at the last step); 0: none.
         eval_sequences: validation sequences.
         log_every: training metrics every this many steps.
         checkpoint_every: orbax checkpoint every this many steps (0: only at the end).
@@ -83,11 +83,11 @@ class TrainConfig:
     checkpoint_every: int = 0
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "eval_every", "eval_sequences", "log_every"):
+        for name in ("steps", "batch_size", "eval_sequences", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {value!r}")
-        for name in ("warmup", "checkpoint_every", "seed"):
+        for name in ("warmup", "checkpoint_every", "seed", "eval_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 0, got {value!r}")
@@ -262,11 +262,13 @@ def train(
         batch = _put_batch(task.batch(config.seed, step, config.batch_size), mesh)
         params, opt_state, loss, gnorm = train_step(params, opt_state, *batch)
         done = step + 1
-        if done % config.log_every == 0 or done % config.eval_every == 0 or done == config.steps:
+        validate = config.eval_every > 0 and (done % config.eval_every == 0
+                                              or done == config.steps)
+        if done % config.log_every == 0 or validate or done == config.steps:
             row = {"step": done, "loss": float(loss), "grad_norm": float(gnorm),
                    "lr": float(schedule_lr(step)), "tokens": done * config.batch_size *
                    task.context, "seconds": time.perf_counter() - t_start}
-            if done % config.eval_every == 0 or done == config.steps:
+            if validate:
                 metrics = evaluate(nnx.merge(graphdef, params), task, config.eval_sequences)
                 row.update({f"val_{k}": v for k, v in metrics.items()})
                 row["seconds"] = time.perf_counter() - t_start
