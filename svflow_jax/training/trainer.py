@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -127,10 +128,32 @@ class TrainResult:
     seconds: float
 
 
+def _optimizer_key(config: TrainConfig) -> tuple:
+    """The hyper-parameters that fix the optimiser (hashable: a static jit argument)."""
+    return (config.lr, config.warmup, config.steps, config.final_lr_fraction,
+            config.weight_decay, config.clip)
+
+
+def _schedule(lr, warmup, steps, final_lr_fraction):
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=lr, warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1), end_value=lr * final_lr_fraction)
+
+
+def _optimizer(lr, warmup, steps, final_lr_fraction, weight_decay, clip):
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(_schedule(lr, warmup, steps, final_lr_fraction),
+                                   weight_decay=weight_decay))
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm`` then AdamW with warm-up + cosine decay (module docstring)."""
-    return optax.chain(optax.clip_by_global_norm(config.clip),
-                       optax.adamw(make_optimizer_lr(config), weight_decay=config.weight_decay))
+    return _optimizer(*_optimizer_key(config))
+
+
+def make_optimizer_lr(config: TrainConfig):
+    """The learning-rate schedule of :func:`make_optimizer` (for logging)."""
+    return _schedule(config.lr, config.warmup, config.steps, config.final_lr_fraction)
 
 
 def loss_and_count(model: SolverLM, inputs, targets, weights, num_steps=None):
@@ -152,20 +175,33 @@ def _put_batch(batch, mesh):
     return tuple(jax.device_put(jnp.asarray(a), sharding) for a in batch)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _eval_sums(graphdef, state, inputs, targets, weights, num_steps):
+    """One program per (model structure, depth): shared by every run and seed."""
+    return loss_and_count(nnx.merge(graphdef, state), inputs, targets, weights, num_steps)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _train_step(graphdef, optimizer_key, params, opt_state, inputs, targets, weights):
+    """One AdamW step; one program per (model structure, optimiser), shared by every seed."""
+
+    def loss_fn(params):
+        total, count, _ = loss_and_count(nnx.merge(graphdef, params), inputs, targets, weights)
+        return total / count
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = _optimizer(*optimizer_key).update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
+
+
 def evaluate(model: SolverLM, task, num_sequences: int, batch_size: int = 32,
              num_steps: int | None = None) -> dict[str, float]:
-    """Validation ``loss`` (mean nats per scored token), the task's metric (``bpc`` or
-    ``accuracy``), and ``evaluations`` of the stack, at ``num_steps`` blocks (default:
-    trained depth)."""
+    """Validation ``loss`` (mean nats per scored token) and the task's metric (``bpc`` or
+    ``accuracy``) at ``num_steps`` blocks (default: the trained depth)."""
     graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def sums(state, inputs, targets, weights):
-        return loss_and_count(nnx.merge(graphdef, state), inputs, targets, weights, num_steps)
-
     total = count = correct = 0.0
     for inputs, targets, weights in task.eval_batches(num_sequences, batch_size):
-        a, b, c = sums(state, inputs, targets, weights)
+        a, b, c = _eval_sums(graphdef, state, inputs, targets, weights, num_steps)
         total, count, correct = total + float(a), count + float(b), correct + float(c)
     loss = total / count
     out = {"loss": loss}
@@ -243,15 +279,7 @@ def train(
             elapsed, start, resumed_from = float(restored["elapsed"]), latest, latest
             history = _read_rows(out, latest)
 
-    def loss_fn(params, inputs, targets, weights):
-        total, count, _ = loss_and_count(nnx.merge(graphdef, params), inputs, targets, weights)
-        return total / count
-
-    @jax.jit
-    def train_step(params, opt_state, inputs, targets, weights):
-        loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets, weights)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
+    key = _optimizer_key(config)
 
     schedule_lr = make_optimizer_lr(config)
     end = config.steps if stop_after is None else min(stop_after, config.steps)
@@ -260,7 +288,7 @@ def train(
     t_start = time.perf_counter() - elapsed
     for step in bar:
         batch = _put_batch(task.batch(config.seed, step, config.batch_size), mesh)
-        params, opt_state, loss, gnorm = train_step(params, opt_state, *batch)
+        params, opt_state, loss, gnorm = _train_step(graphdef, key, params, opt_state, *batch)
         done = step + 1
         validate = config.eval_every > 0 and (done % config.eval_every == 0
                                               or done == config.steps)
@@ -291,14 +319,6 @@ def train(
     return TrainResult(model=model, config=config, history=history,
                        final={k: v for k, v in final.items() if k.startswith("val_")},
                        resumed_from=resumed_from, seconds=time.perf_counter() - t_start)
-
-
-def make_optimizer_lr(config: TrainConfig):
-    """The learning-rate schedule of :func:`make_optimizer` (for logging)."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=config.lr, warmup_steps=config.warmup,
-        decay_steps=max(config.steps, config.warmup + 1),
-        end_value=config.lr * config.final_lr_fraction)
 
 
 def _jsonable(data):
