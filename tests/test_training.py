@@ -123,3 +123,28 @@ def test_tasks_are_sound():
     with pytest.raises(ValueError, match="divisible"):
         train(TrainConfig(model=TINY, batch_size=3, steps=1), progress=False,
               devices=[jax.devices()[0]] * 2)
+
+
+def test_svflow_train_cli(tmp_path, capsys):
+    """``svflow train``: bad options exit with code 2 before anything compiles; a tiny run
+    writes its files and resumes (nothing left to do) when run again."""
+    from svflow_jax.cli import main
+
+    for bad in (["--steps", "0"], ["--design", "nope"], ["--weights", "cubic"],
+                ["--design", "geodesic-euler", "--norm", "pre"], ["--config", "missing.json"]):
+        with pytest.raises(SystemExit) as err:
+            main(["train", *bad])
+        assert err.value.code == 2, bad
+    assert main(["train", "--list-designs"]) == 0
+    assert "crouch-grossman3" in capsys.readouterr().out
+    argv = ["train", "--design", "lie-trotter", "--num-steps", "2", "--anchors", "2",
+            "--duration", "2", "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff",
+            "32", "--context", "16", "--steps", "3", "--batch-size", "4", "--eval-every", "0",
+            "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    final = json.loads((tmp_path / "run" / "final.json").read_text())
+    assert final["design"] == "lie-trotter" and final["resumed_from"] is None
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["num_steps"] == 2 and saved["steps"] == 3
+    assert main(argv) == 0  # resumes from the step-3 checkpoint: nothing left to train
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["resumed_from"] == 3
