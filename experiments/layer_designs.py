@@ -54,13 +54,13 @@ DEFAULT = dict(
     budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
     anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
     rtols=[1e-1, 3e-2, 1e-2], recall_designs=["euler", "heun", "rk4", "strang"],
-    recall_steps=300, throughput_repeats=5,
+    recall_steps=300, throughput_repeats=5, memory_depths=[2, 8, 32],
 )
 QUICK = dict(
     designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
     d_ff=32, context=16, anchors=2, duration=4.0, batch_size=8, eval_every=12,
     eval_sequences=16, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
-    throughput_repeats=2,
+    throughput_repeats=2, memory_depths=[2, 8],
 )
 
 
@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     from svflow_jax.training.compare import (
         count_parameters,
         equal_compute_steps,
+        gradient_memory,
         interval,
         plain_transformer,
         run_design,
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "config.json"
-    lists = ("designs", "seeds", "recall_designs")  # runs live in per-design, per-seed folders
+    # runs live in per-design, per-seed folders; the last two only concern the report
+    lists = ("designs", "seeds", "recall_designs", "throughput_repeats", "memory_depths")
     if saved.exists():
         before = {k: v for k, v in json.loads(saved.read_text()).items() if k not in lists}
         if before != {k: v for k, v in s.items() if k not in lists}:
@@ -173,7 +175,14 @@ def main(argv=None) -> int:
                                       s["throughput_repeats"])
     speed["transformer"]["parameters"] = count_parameters(plain)
 
+    print(f"[{time.perf_counter() - start:6.0f}s] gradient memory", flush=True)
+    memory = gradient_memory(resolved.replace(design="rk4" if "rk4" in plan else
+                                              s["designs"][0]),
+                             s["memory_depths"], s["batch_size"])
+
     results = summarise(s, plan, runs, recall, speed, interval)
+    results["gradient_memory"] = {"design": "rk4" if "rk4" in plan else s["designs"][0],
+                                  **memory}
     results["seconds"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(results, indent=2))
     write_table(out, results)
@@ -348,6 +357,14 @@ def write_report(out: Path, s, results) -> None:
         for a in r["adaptive"]:
             lines.append(f"| {r['design']} | {a['rtol']:g} | {_fmt(a['evaluations'], 1)} | "
                          f"{_fmt(a['loss'])} | {a['all_finished']} |")
+    m = results["gradient_memory"]
+    lines += ["", "## Gradient memory against depth", "",
+              "Temporary memory of the compiled gradient program (XLA's memory analysis, MiB; "
+              f"design {m['design']}, batch {s['batch_size']} x {s['context']}):", "",
+              "| blocks | " + " | ".join(f"{d:g}" for d in m["depths"]) + " |",
+              "|---|" + "---|" * len(m["depths"]),
+              "| rematerialised (default) | " + " | ".join(f"{v:.1f}" for v in m["remat"]) + " |",
+              "| not rematerialised | " + " | ".join(f"{v:.1f}" for v in m["no_remat"]) + " |"]
     lines += ["", "![adaptive depth](adaptive_depth.png)", "",
               "![depth transfer](depth_transfer.png)", "",
               "## Two-hop associative recall (accuracy on held-out problems)", "",

@@ -37,6 +37,8 @@ def test_quick_experiment_writes_the_report(tmp_path):
     assert adaptive and adaptive[0]["all_finished"] and adaptive[0]["evaluations"][0] >= 2
     assert rows["euler"]["adaptive"] == []  # no embedded error estimate
     assert 0 <= results["recall"][0]["accuracy"][0] <= 1
+    memory = results["gradient_memory"]  # per added block: only the state with remat
+    assert memory["remat"][1] - memory["remat"][0] < memory["no_remat"][1] - memory["no_remat"][0]
     report = (out / "report.md").read_text()
     assert "| euler | 4 | 4 |" in report and "plain NNX TransformerLM" in report
     for name in ("validation_curves.png", "depth_transfer.png", "adaptive_depth.png"):

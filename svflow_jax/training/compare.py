@@ -11,6 +11,8 @@ nothing else; there is no second implementation.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
 * :func:`throughput`: tokens/s of a training step and of a forward pass, for a design and for
   the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and compute.
+* :func:`gradient_memory`: XLA's temporary memory of the compiled gradient program against the
+  number of blocks, with and without rematerialisation.
 * :func:`interval`: mean and 95% half-width (Student t) over seeds.
 """
 
@@ -42,6 +44,7 @@ __all__ = [
     "depth_transfer",
     "adaptive_depth",
     "throughput",
+    "gradient_memory",
     "interval",
 ]
 
@@ -151,6 +154,31 @@ def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 
     n = batch_size * context
     return {"train_tokens_per_s": n / _time(lambda: step(params, opt_state), repeats),
             "inference_tokens_per_s": n / _time(lambda: forward(params), repeats)}
+
+
+def gradient_memory(config: DesignConfig, depths, batch_size: int) -> dict[str, list[float]]:
+    """MiB of temporary memory (``compiled.memory_analysis().temp_size_in_bytes``) of the
+    compiled gradient of the LM loss at each number of blocks, with ``remat`` on and off.
+    Nothing runs: the programs are only compiled, on abstract weights. The blocks are scanned,
+    so with rematerialisation only the state between blocks is stored per block (``B n d``
+    floats); without it, every stage's activations are."""
+    out: dict[str, list[float]] = {"depths": [float(n) for n in depths]}
+    tokens = jax.ShapeDtypeStruct((batch_size, config.context), jnp.int32)
+    for remat in (True, False):
+        sizes = []
+        for n in depths:
+            c = config.replace(num_steps=int(n), remat=remat)
+            model = nnx.eval_shape(lambda c=c: SolverLM(c, rngs=nnx.Rngs(0)))
+            graphdef, params = nnx.split(model, nnx.Param)
+
+            def loss(params, tokens, graphdef=graphdef):
+                logits = nnx.merge(graphdef, params)(tokens).astype(jnp.float32)
+                return jnp.mean(jax.nn.logsumexp(logits, axis=-1))
+
+            compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
+            sizes.append(compiled.memory_analysis().temp_size_in_bytes / 2**20)
+        out["remat" if remat else "no_remat"] = sizes
+    return out
 
 
 def plain_transformer(config: DesignConfig, layers: int, seed: int = 0) -> TransformerLM:
