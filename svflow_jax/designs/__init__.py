@@ -10,6 +10,7 @@
 The mathematics is in docs/theory.md, "Training layer designs".
 """
 
+from .adaptive import AdaptiveResult, adaptive_evaluate, step_costs
 from .design import (
     CLASSICAL_RK4,
     DESIGNS,
@@ -33,4 +34,7 @@ __all__ = [
     "evaluations",
     "DesignConfig",
     "SolverLM",
+    "adaptive_evaluate",
+    "AdaptiveResult",
+    "step_costs",
 ]

@@ -70,8 +70,8 @@ class DesignConfig:
     """Everything that fixes a :class:`SolverLM` (weights aside).
 
     Attributes:
-        design: a registered design name (see :data:`~svflow_jax.designs.DESIGNS`) or
-            ``package.module:Attr``.
+        design: a registered design name (see :data:`~svflow_jax.designs.DESIGNS`),
+            ``package.module:Attr``, or a :class:`LayerDesign`.
         vocab_size: tokens (256 for bytes).
         context: the longest sequence (learned absolute positions).
         d_model, n_heads, d_head, d_ff: widths, as in a Transformer.
@@ -84,7 +84,7 @@ class DesignConfig:
         remat: rematerialise every block in the backward pass.
     """
 
-    design: str = "euler"
+    design: str | LayerDesign = "euler"
     vocab_size: int = 256
     context: int = 64
     d_model: int = 64
