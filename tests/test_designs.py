@@ -155,3 +155,34 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="context"):
         SolverLM(SMALL, rngs=nnx.Rngs(0))(jnp.zeros((1, 13), jnp.int32))
     assert get_design("svflow_jax.designs.design:CLASSICAL_RK4").name == "CLASSICAL_RK4"
+
+
+def test_per_layer_stages_read_their_layer():
+    """Per-layer weights, pre-norm: every stage of a Heun block (also its stage at c = 1)
+    reads the weights of the block's own layer (plain diffrax Heun would read the next
+    layer's). Reference: each layer run alone, as a one-anchor model (constant weights) for
+    one step of length h, one after the other."""
+    from svflow_jax.designs import integrate
+
+    config = SMALL.replace(design="heun", norm_position="pre", init_std=0.3)
+    model = SolverLM(config, rngs=nnx.Rngs(3))
+    h = config.duration / config.num_anchors
+    solver = config.layer_design.solver_for("pre")
+    singles = []
+    for layer in range(config.num_anchors):
+        single = SolverLM(config.replace(num_anchors=1, num_steps=1, duration=h),
+                          rngs=nnx.Rngs(0))
+        for name in ("wq", "wk", "wv", "wo", "w_in", "w_out"):
+            getattr(single, name)[...] = getattr(model, name)[...][layer:layer + 1]
+        singles.append(single)
+
+    @nnx.jit
+    def reference(model, singles, tokens):
+        y = model.initial_state(tokens)
+        for single in singles:
+            y = integrate(solver, single.terms(), y, 0.0, h, 1)
+        return model.head(y)
+
+    expected = reference(model, singles, TOKENS)
+    ours = nnx.jit(lambda m, t: m(t))(model, TOKENS)
+    np.testing.assert_allclose(ours, expected, atol=1e-5 * float(jnp.max(jnp.abs(expected))))

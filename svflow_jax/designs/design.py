@@ -44,6 +44,7 @@ from svflow_jax.solvers import (
     Retracted,
     RetractedEuler,
     Strang,
+    within_step,
 )
 
 __all__ = [
@@ -55,7 +56,43 @@ __all__ = [
     "evaluations",
     "integrate",
     "CLASSICAL_RK4",
+    "WithinStep",
 ]
+
+
+class WithinStep(diffrax.AbstractWrappedSolver):
+    """A diffrax solver in ``R^d`` (pre-norm stacks) whose stages all read the weights of the
+    layer that contains the step (:func:`~svflow_jax.solvers.within_step`), as the sphere
+    solvers do: with per-layer weights a stage at ``c = 1`` would otherwise read the next
+    layer. An FSAL cache is not reused when the weights were restricted."""
+
+    solver: AbstractSolver
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return self.solver.interpolation_cls
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        terms, restricted = within_step(terms, t0, t1)
+        if restricted:
+            made_jump = True
+        return self.solver.step(terms, t0, t1, y0, args, solver_state, made_jump)
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +172,7 @@ def from_tableau(
         raise TypeError(f"from_tableau needs a diffrax.ButcherTableau, got {type(tableau)}")
     cls, has_error = _tableau_class(tableau, name, order)
     return LayerDesign(
-        name=name, solver=Retracted(cls()), ambient=cls(),
+        name=name, solver=Retracted(cls()), ambient=WithinStep(cls()),
         adaptive=Retracted(cls()) if has_error else None,
         description=description or f"explicit Runge-Kutta tableau ({len(tableau.c) + 1} stages)",
     )
@@ -157,20 +194,21 @@ def _builtin() -> list[LayerDesign]:
                        "(ODE Transformer)")
     rk4 = dataclasses.replace(rk4, adaptive=Retracted(RK4()))
     return [
-        LayerDesign("euler", RetractedEuler(), diffrax.Euler(), None,
+        LayerDesign("euler", RetractedEuler(), WithinStep(diffrax.Euler()), None,
                     "post-norm layer R(x + h v), attention + FFN in parallel"),
-        LayerDesign("heun", Retracted(diffrax.Heun()), diffrax.Heun(),
+        LayerDesign("heun", Retracted(diffrax.Heun()), WithinStep(diffrax.Heun()),
                     Retracted(diffrax.Heun()), "Heun block (RK2), embedded Euler estimate"),
-        LayerDesign("midpoint", Retracted(diffrax.Midpoint()), diffrax.Midpoint(),
+        LayerDesign("midpoint", Retracted(diffrax.Midpoint()), WithinStep(diffrax.Midpoint()),
                     Retracted(diffrax.Midpoint()), "explicit midpoint block (RK2)"),
         rk4,
         LayerDesign("geodesic-euler", GeodesicEuler(), None, None,
                     "x <- exp_x(h v): a rotation instead of a Norm"),
         LayerDesign("crouch-grossman3", CrouchGrossman3(), None, None,
                     "three stages, each a product of plane rotations (order 3)"),
-        LayerDesign("lie-trotter", LieTrotter(RetractedEuler()), LieTrotter(diffrax.Euler()),
+        LayerDesign("lie-trotter", LieTrotter(RetractedEuler()),
+                    LieTrotter(WithinStep(diffrax.Euler())),
                     None, "sequential block: attention sub-layer then FFN sub-layer"),
-        LayerDesign("strang", Strang(RetractedEuler()), Strang(diffrax.Euler()), None,
+        LayerDesign("strang", Strang(RetractedEuler()), Strang(WithinStep(diffrax.Euler())), None,
                     "macaron block: half FFN, attention, half FFN"),
     ]
 
