@@ -15,6 +15,7 @@ Subcommands:
   consistency; exit code 1 when its flow does not reproduce it.
 * ``diagnose``: SVFlow diagnostics of a pretrained model under prefix shuffling
   (:mod:`svflow_jax.diagnose`); exit code 0 when the run completes, 2 on bad options.
+* ``train``: train a solver as a layer design (:mod:`svflow_jax.training.cli`).
 
 Options are checked before anything is compiled.
 """
@@ -354,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .diagnose.cli import add_diagnose_parser
 
     add_diagnose_parser(sub)
+    from .training.cli import add_train_parser  # svflow train (svflow_jax/training/cli.py)
+
+    add_train_parser(sub)
     return parser
 
 
