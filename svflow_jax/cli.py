@@ -13,6 +13,7 @@ Subcommands:
 * ``inspect``: a real checkpoint on real text (:mod:`svflow_jax.inspection`): exactness of its
   flow, the geometry of its layers, smoothness of its weights in depth, refinement
   consistency; exit code 1 when its flow does not reproduce it.
+* ``train``: train a solver as a layer design (:mod:`svflow_jax.training.cli`).
 
 Options are checked before anything is compiled.
 """
@@ -349,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="do not use JAX's persistent compilation cache")
     inspect.add_argument("--cache-dir", help="compilation cache folder")
     inspect.set_defaults(run=_inspect)
+    from .training.cli import add_train_parser  # svflow train (svflow_jax/training/cli.py)
+
+    add_train_parser(sub)
     return parser
 
 

@@ -1,0 +1,362 @@
+"""Which solver makes the best Transformer layer, for the same compute?
+
+Run::
+
+    python experiments/layer_designs.py [--out results/layer_designs] [--quick] [--seeds 3]
+
+Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
+language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
+character) with the same
+
+* **compute**: a forward pass spends the same number of field evaluations (one attention + one
+  FFN = 1; default budget 12: 12 Euler / geodesic-Euler / Lie-Trotter blocks, 6 Heun or midpoint
+  blocks, 3 RK4 blocks, 4 Crouch-Grossman-3 blocks, 8 Strang (macaron) blocks);
+* **parameters**: continuous-in-depth weights, ``K = 4`` anchors interpolated linearly on
+  ``[0, T]``, ``T = 12`` (so the Euler block has the standard residual step ``h = 1``);
+* **training**: AdamW, warm-up + cosine, clipping, batch 16 x 64 bytes, the same batches for
+  every design at a given seed; at least 3 seeds each (intervals: 95% Student t over seeds).
+
+Then each trained model is evaluated at 1/2, 2 and 4 times its number of blocks (**depth
+transfer**); the designs with an embedded error estimate (Heun, midpoint, RK4) are run with
+diffrax's PID controller at several tolerances (**adaptive depth**: evaluations per input
+against loss); and the training and inference throughput (tokens/s) of each design is measured
+next to a plain NNX TransformerLM of the same width with 12 layers (the same compute).
+A second, small task where depth matters (two-hop associative recall, accuracy) compares a
+subset of the designs.
+
+Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
+8 designs. Designed to fit in about 45 minutes on 2 CPU cores. ``--quick`` (CI): ``d = 16``,
+two designs, 2 seeds, 12 steps, budget 4: under 2 minutes.
+
+Outputs in ``--out``: ``config.json``, ``runs/<task>/<design>-seed<k>/`` (each run's config,
+metrics, checkpoints, summary: an interrupted experiment resumes), ``results.json``,
+``table.csv``, ``report.md`` and PNG figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+DEFAULT = dict(
+    designs=["euler", "heun", "midpoint", "rk4", "geodesic-euler", "crouch-grossman3",
+             "lie-trotter", "strang"],
+    budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
+    anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
+    rtols=[1e-1, 3e-2, 1e-2], recall_designs=["euler", "heun", "rk4", "strang"],
+    recall_steps=300, throughput_repeats=5,
+)
+QUICK = dict(
+    designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
+    d_ff=32, context=16, anchors=2, duration=4.0, batch_size=8, eval_every=12,
+    eval_sequences=16, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
+    throughput_repeats=2,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/layer_designs", help="output folder")
+    p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
+    p.add_argument("--seeds", type=int, help="seeds per design (default 3; quick 2)")
+    p.add_argument("--steps", type=int, help="optimiser steps per run (default 500)")
+    p.add_argument("--designs", nargs="+", help="designs to compare (default: all eight)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the report from the runs already in --out "
+                   "(over the seeds each design has; throughput is measured)")
+    args = p.parse_args(argv)
+    for name in ("seeds", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name} must be a positive integer, got {value}")
+    return args
+
+
+def settings(args) -> dict:
+    s = dict(QUICK if args.quick else DEFAULT)
+    for name in ("seeds", "steps", "designs"):
+        if getattr(args, name) is not None:
+            s[name] = getattr(args, name)
+    return s
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick and "XLA_FLAGS" not in os.environ:
+        os.environ["XLA_FLAGS"] = QUICK_XLA_FLAGS
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from svflow_jax.designs import DesignConfig
+    from svflow_jax.training import TrainConfig
+    from svflow_jax.training.compare import (
+        count_parameters,
+        equal_compute_steps,
+        interval,
+        plain_transformer,
+        run_design,
+        throughput,
+    )
+
+    s = settings(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "config.json"
+    lists = ("designs", "seeds", "recall_designs")  # runs live in per-design, per-seed folders
+    if saved.exists():
+        before = {k: v for k, v in json.loads(saved.read_text()).items() if k not in lists}
+        if before != {k: v for k, v in s.items() if k not in lists}:
+            raise SystemExit(f"{out} holds an experiment with other settings; use a new --out")
+    saved.write_text(json.dumps(s, indent=2))
+    start = time.perf_counter()
+
+    model = DesignConfig(d_model=s["d_model"], n_heads=s["n_heads"], d_head=s["d_head"],
+                         d_ff=s["d_ff"], context=s["context"], weights="linear",
+                         num_anchors=s["anchors"], duration=s["duration"])
+    base = TrainConfig(model=model, task="austen", steps=s["steps"], batch_size=s["batch_size"],
+                       warmup=max(1, s["steps"] // 20), eval_every=s["eval_every"],
+                       eval_sequences=s["eval_sequences"], log_every=s["eval_every"])
+    plan = equal_compute_steps(s["designs"], s["budget"])
+    runs = {}
+    for seed in range(s["seeds"]):  # seed-major: an interrupted run has every design at seed 0
+        for design in s["designs"]:
+            folder = out / "runs" / "austen" / f"{design}-seed{seed}"
+            if args.report_only:
+                if (folder / "summary.json").exists():
+                    runs[(design, seed)] = json.loads((folder / "summary.json").read_text())
+                continue
+            print(f"[{time.perf_counter() - start:6.0f}s] austen {design} seed {seed} "
+                  f"({plan[design]} blocks)", flush=True)
+            runs[(design, seed)] = run_design(base, design, plan[design], seed, folder,
+                                              rtols=s["rtols"], progress=not args.no_progress)
+
+    recall_plan = equal_compute_steps(s["recall_designs"], s["budget"])
+    recall_base = dataclasses.replace(base, task="recall", steps=s["recall_steps"],
+                                      warmup=max(1, s["recall_steps"] // 20),
+                                      eval_every=max(1, s["recall_steps"] // 4), lr=3e-3)
+    recall = {}
+    for seed in range(s["seeds"]):
+        for design in s["recall_designs"]:
+            folder = out / "runs" / "recall" / f"{design}-seed{seed}"
+            if args.report_only:
+                if (folder / "summary.json").exists():
+                    recall[(design, seed)] = json.loads((folder / "summary.json").read_text())
+                continue
+            print(f"[{time.perf_counter() - start:6.0f}s] recall {design} seed {seed}",
+                  flush=True)
+            recall[(design, seed)] = run_design(recall_base, design, recall_plan[design], seed,
+                                                folder, transfer_factors=(),
+                                                progress=not args.no_progress)
+
+    print(f"[{time.perf_counter() - start:6.0f}s] throughput", flush=True)
+    from flax import nnx
+
+    from svflow_jax.designs import SolverLM
+
+    speed = {}
+    resolved = base.resolved().model
+    for design in s["designs"]:
+        m = SolverLM(resolved.replace(design=design, num_steps=plan[design]), rngs=nnx.Rngs(0))
+        speed[design] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
+    plain = plain_transformer(resolved, int(s["budget"]))
+    speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
+                                      s["throughput_repeats"])
+    speed["transformer"]["parameters"] = count_parameters(plain)
+
+    results = summarise(s, plan, runs, recall, speed, interval)
+    results["seconds"] = time.perf_counter() - start
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_table(out, results)
+    figures(out, s, runs, interval)
+    write_report(out, s, results)
+    print(f"[{results['seconds']:6.0f}s] wrote {out / 'report.md'}", flush=True)
+    return 0
+
+
+def summarise(s, plan, runs, recall, speed, interval) -> dict:
+    rows = []
+    for design in s["designs"]:
+        seeds = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
+        if not seeds:
+            continue
+        bpc = interval([r["final"]["val_bpc"] for r in seeds])
+        transfer = {}
+        for i, t in enumerate(seeds[0]["transfer"]):
+            transfer[str(t["factor"])] = {"num_steps": t["num_steps"], "bpc": interval(
+                [r["transfer"][i]["bpc"] for r in seeds])}
+        adaptive = []
+        for i, a in enumerate(seeds[0]["adaptive"]):
+            adaptive.append({"rtol": a["rtol"],
+                             "evaluations": interval([r["adaptive"][i]["evaluations"]
+                                                      for r in seeds]),
+                             "loss": interval([r["adaptive"][i]["loss"] for r in seeds]),
+                             "all_finished": all(r["adaptive"][i]["all_finished"]
+                                                 for r in seeds)})
+        rows.append({"design": design, "blocks": plan[design], "seeds": len(seeds),
+                     "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
+                     "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
+                     "train_seconds": interval([r["train_seconds"] for r in seeds]),
+                     **speed[design]})
+    recall_rows = []
+    for design in s["recall_designs"]:
+        seeds = [recall[(design, k)] for k in range(s["seeds"]) if (design, k) in recall]
+        if not seeds:
+            continue
+        recall_rows.append({"design": design, "blocks": seeds[0]["num_steps"],
+                            "seeds": len(seeds),
+                            "accuracy": interval([r["final"]["val_accuracy"] for r in seeds])})
+    return {"settings": s, "austen": rows, "recall": recall_rows,
+            "transformer": speed["transformer"]}
+
+
+def _fmt(pair, digits=3) -> str:
+    mean, half = pair
+    if half != half:  # NaN
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def _transfer_words(row) -> str:
+    parts = []
+    for factor, t in row["transfer"].items():
+        parts.append(f"{float(factor):g}x ({t['num_steps']}): {t['bpc'][0]:.2f}")
+    return "; ".join(parts)
+
+
+def write_table(out: Path, results: dict) -> None:
+    with open(out / "table.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["design", "blocks", "evaluations", "parameters", "val_bpc_mean",
+                    "val_bpc_halfwidth95", "transfer", "train_tokens_per_s",
+                    "inference_tokens_per_s"])
+        for r in results["austen"]:
+            w.writerow([r["design"], r["blocks"], r["evaluations"], r["parameters"],
+                        r["val_bpc"][0], r["val_bpc"][1], _transfer_words(r),
+                        round(r["train_tokens_per_s"]), round(r["inference_tokens_per_s"])])
+
+
+def figures(out: Path, s, runs, interval) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for design in s["designs"]:
+        keys = [(design, k) for k in range(s["seeds"]) if (design, k) in runs]
+        if not keys:
+            continue
+        curves = [[(h["step"], h["seconds"], h["val_bpc"]) for h in runs[key]["history"]
+                   if "val_bpc" in h] for key in keys]
+        arr = np.array(curves)  # (seeds, evals, 3)
+        mean = arr[..., 2].mean(0)
+        half = np.array([interval(arr[:, j, 2])[1] for j in range(arr.shape[1])])
+        half = np.nan_to_num(half)
+        for ax, x in ((axes[0], arr[0, :, 0]), (axes[1], arr[..., 1].mean(0))):
+            ax.plot(x, mean, label=design)
+            ax.fill_between(x, mean - half, mean + half, alpha=0.2)
+    axes[0].set_xlabel("optimiser step")
+    axes[1].set_xlabel("wall-clock seconds (mean over seeds)")
+    for ax in axes:
+        ax.set_ylabel("validation bits per character")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"equal compute: {s['budget']} field evaluations per forward pass")
+    fig.tight_layout()
+    fig.savefig(out / "validation_curves.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for design in s["designs"]:
+        rows = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
+        if not rows:
+            continue
+        factors = [1.0] + [t["factor"] for t in rows[0]["transfer"]]
+        vals = [[r["final"]["val_bpc"]] + [t["bpc"] for t in r["transfer"]] for r in rows]
+        order = np.argsort(factors)
+        ax.plot(np.array(factors)[order], np.mean(vals, 0)[order], "o-", label=design)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("blocks / trained blocks")
+    ax.set_ylabel("validation bits per character")
+    ax.set_title("depth transfer")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "depth_transfer.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for design in s["designs"]:
+        a = runs[(design, 0)]["adaptive"] if (design, 0) in runs else []
+        for row in a:
+            ax.scatter(row["per_input_evaluations"], np.array(row["per_input_loss"]) / np.log(2),
+                       s=8, alpha=0.5, label=f"{design} rtol={row['rtol']:g}")
+    ax.set_xlabel("field evaluations used (per input sequence)")
+    ax.set_ylabel("bits per character of the sequence")
+    ax.set_title("adaptive depth (PID controller, seed 0)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "adaptive_depth.png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(out: Path, s, results) -> None:
+    lines = [
+        "# Layer designs at equal compute",
+        "",
+        f"Byte-level Jane Austen (train: *Pride and Prejudice*, validation: *Persuasion*). "
+        f"Width {s['d_model']}, {s['n_heads']} heads of {s['d_head']}, FFN {s['d_ff']}, "
+        f"context {s['context']}, {s['anchors']} weight anchors (linear in depth on "
+        f"[0, {s['duration']:g}]), {s['steps']} AdamW steps of {s['batch_size']} sequences, "
+        f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass. Intervals: "
+        f"95% Student t over seeds. Total run time {results['seconds']:.0f} s.",
+        "",
+        "| design | blocks | evaluations | parameters | seeds | val. bits/char | depth "
+        "transfer (bits/char at blocks) | train tok/s | inference tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["austen"]:
+        lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
+                     f"{r['parameters']} | {r['seeds']} | {_fmt(r['val_bpc'])} | "
+                     f"{_transfer_words(r)} | "
+                     f"{r['train_tokens_per_s']:.0f} | {r['inference_tokens_per_s']:.0f} |")
+    t = results["transformer"]
+    lines += [
+        f"| plain NNX TransformerLM ({s['budget']} layers) | {s['budget']} | {s['budget']} | "
+        f"{t['parameters']} | - | - | - | {t['train_tokens_per_s']:.0f} | "
+        f"{t['inference_tokens_per_s']:.0f} |",
+        "",
+        "![validation curves](validation_curves.png)",
+        "",
+        "## Adaptive depth",
+        "",
+        "| design | rtol | mean evaluations per input | val. loss (nats) | all finished |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results["austen"]:
+        for a in r["adaptive"]:
+            lines.append(f"| {r['design']} | {a['rtol']:g} | {_fmt(a['evaluations'], 1)} | "
+                         f"{_fmt(a['loss'])} | {a['all_finished']} |")
+    lines += ["", "![adaptive depth](adaptive_depth.png)", "",
+              "![depth transfer](depth_transfer.png)", "",
+              "## Two-hop associative recall (accuracy on held-out problems)", "",
+              "| design | blocks | seeds | accuracy |", "|---|---|---|---|"]
+    for r in results["recall"]:
+        lines.append(f"| {r['design']} | {r['blocks']} | {r['seeds']} | "
+                     f"{_fmt(r['accuracy'])} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""A trainable causal language model whose stack is a solver: :class:`SolverLM` (Flax NNX).
+
+The stack integrates ``dy/dt = v_t(y)`` on ``[0, T]`` with ``N`` equal steps of a design's solver
+(:mod:`.design`); ``v_t = v_A + v_F`` is the attention field plus the FFN field of
+:mod:`svflow_jax.flow`, whose weights are a path ``theta(t)`` through ``K`` anchors:
+
+* ``weights="per_layer"``: ``theta(t) = theta_l`` on ``[l T/K, (l+1) T/K)``
+  (:class:`~svflow_jax.flow.PiecewiseConstant`); every stage of a step inside layer ``l`` reads
+  ``theta_l`` (:func:`~svflow_jax.solvers.within_step`). With ``N = K`` steps this is a
+  Transformer with ``K`` layers of separate weights;
+* ``weights="linear"``: the piecewise-linear path through ``theta_k`` at ``t_k = k T/(K-1)``;
+* ``weights="chebyshev"``: the polynomial through ``theta_k`` at the Chebyshev points of
+  ``[0, T]`` (C-infinity).
+
+For the two continuous paths a stage at time ``t + c_i h`` reads ``theta(t + c_i h)``, so the
+same weights run at any number of steps ``N`` (depth transfer, adaptive depth).
+
+Dictionary with a Transformer of width ``d`` (``rho = sqrt(d)``), as in
+:mod:`svflow_jax.correspondence`: the hidden state is ``x = rho y``; ``wq, wk`` of anchor ``k``
+are the kernel embeddings of ``theta_k`` with concentration ``d / sqrt(d_head)``; ``wv, wo`` the
+natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y) = F(rho y) / rho``.
+
+* post-norm (default): ``y0 = R(e)``, ``R(y) = y / |y|``, with ``e`` the token plus position
+  embedding; the field is projected (``P_y u``) and the solver stays on the sphere (its
+  retraction is the Norm); logits ``= rho y_T W_U``.
+* pre-norm: ``y0 = e / rho`` in ``R^d``; ``dy/dt = u_t(y / |y|)`` solved by the design's ambient
+  method; logits ``= rho R(y_T) W_U`` (the final Norm).
+
+The Euler post-norm design with per-layer weights and ``N = K`` IS the post-norm, parallel-block
+:class:`~svflow_jax.transformer.TransformerLM` with projected branches, RMSNorm without gain or
+epsilon and residual step ``T / K``: :meth:`SolverLM.transformer_config` and
+:meth:`SolverLM.to_transformer` give that model with the same weights (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from diffrax import MultiTerm, ODETerm
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from svflow_jax import sphere
+from svflow_jax.flow import (
+    AttentionField,
+    AttentionParams,
+    ChebyshevInterpolation,
+    ExpertsField,
+    ExpertsParams,
+    LinearInterpolation,
+    PiecewiseConstant,
+    ScoreNetworks,
+)
+from svflow_jax.transformer import TransformerConfig, TransformerLM
+
+from .design import LayerDesign, get_design, integrate
+
+__all__ = ["DesignConfig", "SolverLM", "Weights"]
+
+Weights = Literal["per_layer", "linear", "chebyshev"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignConfig:
+    """Everything that fixes a :class:`SolverLM` (weights aside).
+
+    Attributes:
+        design: a registered design name (see :data:`~svflow_jax.designs.DESIGNS`) or
+            ``package.module:Attr``.
+        vocab_size: tokens (256 for bytes).
+        context: the longest sequence (learned absolute positions).
+        d_model, n_heads, d_head, d_ff: widths, as in a Transformer.
+        num_steps: blocks ``N`` of the stack during training.
+        num_anchors: weight anchors ``K`` (layers of weights).
+        weights: ``"per_layer"``, ``"linear"`` or ``"chebyshev"`` (module docstring).
+        duration: the depth-time ``T``; the step is ``h = T / N``.
+        norm_position: ``"post"`` (on the sphere) or ``"pre"``.
+        init_std: std of the normal initialiser of every weight matrix.
+        remat: rematerialise every block in the backward pass.
+    """
+
+    design: str = "euler"
+    vocab_size: int = 256
+    context: int = 64
+    d_model: int = 64
+    n_heads: int = 4
+    d_head: int = 16
+    d_ff: int = 128
+    num_steps: int = 8
+    num_anchors: int = 8
+    weights: Weights = "per_layer"
+    duration: float = 8.0
+    norm_position: Literal["post", "pre"] = "post"
+    init_std: float = 0.02
+    remat: bool = True
+
+    def __post_init__(self):
+        for name in ("vocab_size", "context", "d_model", "n_heads", "d_head", "d_ff",
+                     "num_steps", "num_anchors"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DesignConfig.{name} must be a positive int, got {value!r}")
+        if self.weights not in ("per_layer", "linear", "chebyshev"):
+            raise ValueError(f"weights must be 'per_layer', 'linear' or 'chebyshev', got "
+                             f"{self.weights!r}")
+        if self.weights != "per_layer" and self.num_anchors < 2:
+            raise ValueError("continuous-in-depth weights need num_anchors >= 2")
+        if not (isinstance(self.duration, int | float) and math.isfinite(self.duration)
+                and self.duration > 0):
+            raise ValueError(f"duration must be a finite positive number, got {self.duration!r}")
+        if self.norm_position not in ("post", "pre"):
+            raise ValueError(f"norm_position must be 'post' or 'pre', got {self.norm_position!r}")
+        get_design(self.design).solver_for(self.norm_position)  # unknown design / no pre-norm
+
+    @property
+    def layer_design(self) -> LayerDesign:
+        return get_design(self.design)
+
+    @property
+    def radius(self) -> float:
+        return math.sqrt(self.d_model)
+
+    def replace(self, **changes) -> DesignConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class _Field(eqx.Module):
+    """A sum of flow fields as a diffrax vector field: ``P_y sum u`` on the sphere (post) or
+    ``sum u(y / |y|)`` in ``R^d`` (pre). A module, so solvers can restrict its paths to a step."""
+
+    parts: tuple
+    kind: str = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        if self.kind == "post":
+            return sphere.project_tangent(y, sum(f.drift(t, y) for f in self.parts))
+        z = sphere.retract(y)
+        return sum(f.drift(t, z) for f in self.parts)
+
+
+def _normal(rngs: nnx.Rngs, std: float, shape) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+class SolverLM(nnx.Module):
+    """Embeddings -> the design's solver on ``[0, T]`` -> LM head (module docstring).
+
+    Parameters (``K`` anchors): ``embed (V, d)``, ``pos_embed (P, d)``, ``unembed (d, V)``,
+    ``wq (K, d, H, k)``, ``wk``, ``wv (K, d, H, k)``, ``wo (K, H, k, d)``, ``w_in (K, d, f)``,
+    ``w_out (K, f, d)``: the names and layouts of
+    :func:`svflow_jax.transformer.layer_params`.
+    """
+
+    def __init__(self, config: DesignConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        c, K, s = config, config.num_anchors, config.init_std
+        self.embed = _normal(rngs, s, (c.vocab_size, c.d_model))
+        self.pos_embed = _normal(rngs, s, (c.context, c.d_model))
+        self.unembed = _normal(rngs, s, (c.d_model, c.vocab_size))
+        self.wq = _normal(rngs, s, (K, c.d_model, c.n_heads, c.d_head))
+        self.wk = _normal(rngs, s, (K, c.d_model, c.n_heads, c.d_head))
+        self.wv = _normal(rngs, s, (K, c.d_model, c.n_heads, c.d_head))
+        self.wo = _normal(rngs, s, (K, c.n_heads, c.d_head, c.d_model))
+        self.w_in = _normal(rngs, s, (K, c.d_model, c.d_ff))
+        self.w_out = _normal(rngs, s, (K, c.d_ff, c.d_model))
+
+    # ---------------------------------------------------------------------------- the flow
+
+    def _path(self, anchors):
+        c = self.config
+        if c.weights == "per_layer":
+            return PiecewiseConstant(anchors, c.duration / c.num_anchors)
+        if c.weights == "linear":
+            return LinearInterpolation(anchors, c.duration / (c.num_anchors - 1))
+        return ChebyshevInterpolation(anchors, 0.0, float(c.duration))
+
+    def fields(self) -> tuple[AttentionField, ExpertsField]:
+        """The attention and FFN fields ``v_A``, ``v_F`` on the unit sphere."""
+        c = self.config
+        K = c.num_anchors
+        kappa = jnp.full((K, c.n_heads), c.d_model / math.sqrt(c.d_head), jnp.float32)
+        attention = AttentionParams(
+            kernel_query=self.wq[...], kernel_key=self.wk[...], concentration=kappa,
+            natural_in=self.wv[...], natural_out=self.wo[...])
+        nets = ScoreNetworks(w1=self.w_in[...][:, None], w2=self.w_out[...][:, None],
+                             activation="gelu")
+        return (AttentionField(self._path(attention), causal=True),
+                ExpertsField(self._path(ExpertsParams(experts=nets)), radius=c.radius))
+
+    def terms(self):
+        """The diffrax term(s) the solver integrates: one field, or ``MultiTerm(A, F)`` for a
+        splitting."""
+        attention, experts = self.fields()
+        kind = "post" if self.config.norm_position == "post" else "pre"
+        if self.config.layer_design.is_splitting:
+            return MultiTerm(ODETerm(_Field((attention,), kind)),
+                             ODETerm(_Field((experts,), kind)))
+        return ODETerm(_Field((attention, experts), kind))
+
+    # ---------------------------------------------------------------------------- forward
+
+    def embeddings(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n d"]:
+        n = tokens.shape[-1]
+        if n > self.config.context:
+            raise ValueError(f"sequence of {n} tokens exceeds the context {self.config.context}")
+        return jnp.take(self.embed[...], tokens, axis=0) + self.pos_embed[...][:n]
+
+    def initial_state(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n d"]:
+        e = self.embeddings(tokens)
+        return sphere.retract(e) if self.config.norm_position == "post" else e / self.config.radius
+
+    def head(self, y: Float[Array, "... n d"]) -> Float[Array, "... n V"]:
+        """Logits from the final state (pre-norm: after the final Norm)."""
+        if self.config.norm_position == "pre":
+            y = sphere.retract(y)
+        return jnp.einsum("...nd,dv->...nv", self.config.radius * y, self.unembed[...])
+
+    def __call__(
+        self, tokens: Int[Array, "... n"], *, num_steps: int | None = None
+    ) -> Float[Array, "... n V"]:
+        """Next-token logits ``(..., n, V)``; ``num_steps`` overrides the trained depth."""
+        c = self.config
+        steps = c.num_steps if num_steps is None else num_steps
+        solver = c.layer_design.solver_for(c.norm_position)
+        y = integrate(solver, self.terms(), self.initial_state(tokens), 0.0, c.duration, steps,
+                      remat=c.remat)
+        return self.head(y)
+
+    # ---------------------------------------------------------------------------- bridge
+
+    def transformer_config(self) -> TransformerConfig:
+        """The :class:`TransformerConfig` this model equals when the design is Euler with
+        per-layer weights and ``num_steps == num_anchors`` (``"lie-trotter"``: the sequential
+        block; ``"strang"``: the macaron block). Post-norm: projected branches; pre-norm:
+        standard branches and a final Norm."""
+        c = self.config
+        post = c.norm_position == "post"
+        block = {"lie-trotter": "sequential", "strang": "macaron"}.get(c.design, "parallel")
+        return TransformerConfig(
+            d_model=c.d_model, n_layers=c.num_anchors, n_heads=c.n_heads, d_head=c.d_head,
+            d_ff=c.d_ff, norm_position=c.norm_position, block=block,
+            residual_scale=c.duration / c.num_anchors, project_branches=post, norm="rms",
+            norm_eps=0.0, norm_gain=False, causal=True, ffn="gelu", vocab_size=c.vocab_size,
+            n_positions=c.context, lm_head=True, tie_embeddings=False)
+
+    def to_transformer(self) -> TransformerLM:
+        """A :class:`TransformerLM` holding this model's weights (see
+        :meth:`transformer_config`)."""
+        from svflow_jax.transformer import set_embedding_params, set_layer_params
+
+        config = self.transformer_config()
+        lm = nnx.eval_shape(lambda: TransformerLM(config, rngs=nnx.Rngs(0)))
+        set_layer_params(lm.transformer, {n: getattr(self, n)[...] for n in
+                                          ("wq", "wk", "wv", "wo", "w_in", "w_out")})
+        set_embedding_params(lm, {"embed": self.embed[...], "pos_embed": self.pos_embed[...],
+                                  "unembed": self.unembed[...]})
+        return lm

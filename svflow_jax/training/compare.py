@@ -1,0 +1,195 @@
+"""The measurements of the layer-design comparison, as functions returning plain results.
+
+``experiments/layer_designs.py`` (report, figures), the notebook and the tests call these and
+nothing else; there is no second implementation.
+
+* :func:`equal_compute_steps`: the number of blocks of each design that spends a budget of
+  field evaluations (counted at run time, :func:`svflow_jax.designs.evaluations`).
+* :func:`run_design`: trains one design at one seed (resumable: a finished run is read back from
+  its folder) and measures it: final validation, depth transfer, adaptive depth.
+* :func:`depth_transfer`: a trained model evaluated at other numbers of blocks.
+* :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
+* :func:`throughput`: tokens/s of a training step and of a forward pass, for a design and for
+  the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and compute.
+* :func:`interval`: mean and 95% half-width (Student t) over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
+from svflow_jax.transformer import TransformerLM
+
+from .tasks import get_task
+from .trainer import TrainConfig, evaluate, make_optimizer, train
+
+__all__ = [
+    "equal_compute_steps",
+    "count_parameters",
+    "run_design",
+    "depth_transfer",
+    "adaptive_depth",
+    "throughput",
+    "interval",
+]
+
+# Two-sided 95% Student-t quantiles t_{0.975, n-1}.
+_T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
+        10: 2.262}
+
+
+def interval(values) -> tuple[float, float]:
+    """``(mean, half-width)`` of the 95% Student-t interval of the mean (half-width NaN for a
+    single value)."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan
+    if len(v) == 1:
+        return float(v[0]), math.nan
+    t = _T95.get(len(v), 1.96)
+    return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def equal_compute_steps(designs: list[str], budget: float) -> dict[str, int]:
+    """Blocks ``N`` per design so that a forward pass costs ``budget`` field evaluations.
+    Raises if a design cannot meet the budget exactly (pick a budget that all divide)."""
+    out = {}
+    for name in designs:
+        per_step = evaluations(get_design(name), 2) - evaluations(get_design(name), 1)
+        first = evaluations(get_design(name), 1) - per_step
+        steps = (budget - first) / per_step
+        if steps < 1 or abs(steps - round(steps)) > 1e-9:
+            raise ValueError(f"design {name!r} costs {first:g} + {per_step:g} N evaluations: no "
+                             f"whole number of blocks N spends {budget:g}")
+        out[name] = int(round(steps))
+    return out
+
+
+def count_parameters(model: nnx.Module) -> int:
+    """Number of trainable scalars."""
+    return int(sum(np.prod(a.shape) for a in jax.tree.leaves(nnx.state(model, nnx.Param))))
+
+
+def depth_transfer(model: SolverLM, task, factors, eval_sequences: int) -> list[dict[str, Any]]:
+    """Validation at ``max(1, round(f N))`` blocks for each factor ``f`` (``N`` the trained
+    number); the same continuous-in-depth weights, a different step size."""
+    rows = []
+    for f in factors:
+        steps = max(1, int(round(f * model.config.num_steps)))
+        metrics = evaluate(model, task, eval_sequences, num_steps=steps)
+        rows.append({"factor": f, "num_steps": steps,
+                     "evaluations": evaluations(model.config.layer_design, steps), **metrics})
+    return rows
+
+
+def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,
+                   max_steps: int = 256) -> list[dict[str, Any]]:
+    """Adaptive depth at each tolerance: per-sequence evaluations and losses (lists), their
+    means, and whether every solve finished."""
+    from svflow_jax.designs.adaptive import adaptive_evaluate
+
+    batches = task.eval_batches(eval_sequences, eval_sequences)
+    inputs, targets, weights = (np.concatenate([b[i] for b in batches]) for i in range(3))
+    rows = []
+    for rtol in rtols:
+        res = adaptive_evaluate(model, inputs, targets, weights, rtol=rtol, max_steps=max_steps)
+        rows.append({"rtol": rtol, "loss": float(res.loss.mean()),
+                     "evaluations": float(res.evaluations.mean()),
+                     "all_finished": bool(res.ok.all()),
+                     "per_input_loss": res.loss.tolist(),
+                     "per_input_evaluations": res.evaluations.tolist()})
+    return rows
+
+
+def _time(fn, repeats: int) -> float:
+    """Median seconds per call (after one warm-up call)."""
+    jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
+
+
+def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 5,
+               seed: int = 0) -> dict[str, float]:
+    """Tokens per second of one AdamW training step and of one forward pass of ``model``
+    (a :class:`SolverLM` or a :class:`TransformerLM`) on random tokens."""
+    vocab = model.config.vocab_size
+    tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0, vocab)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = make_optimizer(TrainConfig(steps=100))
+    opt_state = tx.init(params)
+
+    def loss_fn(params):
+        logits = nnx.merge(graphdef, params)(inputs).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+    @jax.jit
+    def step(params, opt_state):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    forward = jax.jit(lambda params: nnx.merge(graphdef, params)(inputs))
+    n = batch_size * context
+    return {"train_tokens_per_s": n / _time(lambda: step(params, opt_state), repeats),
+            "inference_tokens_per_s": n / _time(lambda: forward(params), repeats)}
+
+
+def plain_transformer(config: DesignConfig, layers: int, seed: int = 0) -> TransformerLM:
+    """The plain NNX TransformerLM of the same width, context and vocabulary with ``layers``
+    layers (post-norm, parallel block: the Euler design's architecture)."""
+    model = SolverLM(config.replace(design="euler", weights="per_layer", num_anchors=layers,
+                                    num_steps=layers), rngs=nnx.Rngs(seed))
+    from svflow_jax.transformer import TransformerConfig
+
+    tc = dataclasses.replace(model.transformer_config(), project_branches=False)
+    assert isinstance(tc, TransformerConfig)
+    return TransformerLM(tc, rngs=nnx.Rngs(seed))
+
+
+def run_design(
+    base: TrainConfig, design: str, num_steps: int, seed: int, out: Path, *,
+    transfer_factors=(0.5, 2.0, 4.0), rtols=(), eval_sequences: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Trains ``design`` with ``num_steps`` blocks at ``seed`` into ``out`` and measures it.
+    A finished run (``out/summary.json``) is read back instead; an interrupted one resumes."""
+    summary_path = Path(out) / "summary.json"
+    if summary_path.exists():
+        return json.loads(summary_path.read_text())
+    config = dataclasses.replace(base, seed=seed, model=base.model.replace(
+        design=design, num_steps=num_steps))
+    result = train(config, out, progress=progress)
+    config = result.config
+    task = get_task(config.task, config.model.context)
+    n_eval = eval_sequences or config.eval_sequences
+    summary = {
+        "design": design, "seed": seed, "num_steps": num_steps,
+        "evaluations": evaluations(get_design(design), num_steps),
+        "parameters": count_parameters(result.model),
+        "train_seconds": result.seconds, "history": result.history, "final": result.final,
+        "transfer": depth_transfer(result.model, task, transfer_factors, n_eval),
+        "adaptive": adaptive_depth(result.model, task, rtols, n_eval)
+        if rtols and get_design(design).adaptive is not None
+        and config.model.weights != "per_layer" else [],
+    }
+    summary_path.write_text(json.dumps(summary))
+    return summary

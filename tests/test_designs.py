@@ -1,0 +1,157 @@
+"""Solvers as layer designs: the stacks agree with the project's Transformer and with
+independently written solvers; costs are counted; bad input fails clearly.
+
+Reference values come from elsewhere than the code under test: the Transformer of
+:mod:`svflow_jax.transformer` (written in deep-learning words, with no solver in it), diffrax's
+own Heun and midpoint methods, and a hand-written midpoint step.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from diffrax import RESULTS
+from flax import nnx
+
+from svflow_jax import sphere
+from svflow_jax.designs import (
+    DESIGNS,
+    DesignConfig,
+    LayerDesign,
+    SolverLM,
+    evaluations,
+    from_tableau,
+    get_design,
+)
+from svflow_jax.solvers import AbstractSphereSolver, within_step
+
+SMALL = DesignConfig(d_model=16, n_heads=2, d_head=8, d_ff=32, context=12, num_steps=3,
+                     num_anchors=3, duration=3.0, init_std=0.3)
+TOKENS = jax.random.randint(jax.random.key(7), (2, 12), 0, 256)
+
+
+def _logits(config: DesignConfig, seed: int = 0, steps: int | None = None) -> jax.Array:
+    model = SolverLM(config, rngs=nnx.Rngs(seed))
+    return nnx.jit(lambda m, t: m(t, num_steps=steps))(model, TOKENS)
+
+
+@pytest.mark.parametrize(
+    ("design", "norm_position"),
+    [("euler", "post"), ("euler", "pre"), ("lie-trotter", "post"), ("strang", "post")],
+)
+def test_euler_designs_equal_the_transformer(design, norm_position):
+    """Per-layer weights, one step per layer: the design IS the Transformer block (parallel,
+    sequential or macaron; post-norm with projected branches or pre-norm), same weights."""
+    model = SolverLM(SMALL.replace(design=design, norm_position=norm_position),
+                     rngs=nnx.Rngs(1))
+    ours = nnx.jit(lambda m, t: m(t))(model, TOKENS)
+    theirs = nnx.jit(lambda m, t: m(t))(model.to_transformer(), TOKENS)
+    scale = float(jnp.max(jnp.abs(theirs)))
+    assert scale > 1.0  # the stack moves the logits: the comparison means something
+    # float32 round-off of a 3-layer stack whose logits are O(10): 1e-5 relative
+    np.testing.assert_allclose(ours, theirs, atol=1e-5 * scale, rtol=0)
+
+
+def test_user_tableau_equals_diffrax_heun():
+    """A tableau written by a user (Heun's) builds the same stack as diffrax's Heun."""
+    heun = diffrax.ButcherTableau(c=np.array([1.0]), b_sol=np.array([0.5, 0.5]),
+                                  b_error=np.array([0.5, -0.5]), a_lower=(np.array([1.0]),))
+    mine = from_tableau(heun, "my-heun", order=2)
+    config = SMALL.replace(weights="linear")
+    ours = _logits(config.replace(design=mine))
+    reference = _logits(config.replace(design="heun"))
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5)
+    assert evaluations(mine, 4) == 8
+    assert mine.adaptive is not None  # it has an error estimate: adaptive depth can use it
+
+
+def test_readme_example_ralston_tableau_trains():
+    """The README's example: Ralston's tableau as a design, trained with the Python API; it
+    equals a design built on diffrax's own Ralston and its training loss falls."""
+    from svflow_jax.designs import DesignConfig, from_tableau
+    from svflow_jax.solvers import Retracted
+    from svflow_jax.training import TrainConfig, train
+
+    tableau = diffrax.ButcherTableau(
+        c=np.array([2 / 3]), b_sol=np.array([1 / 4, 3 / 4]), b_error=np.zeros(2),
+        a_lower=(np.array([2 / 3]),))
+    ralston = from_tableau(tableau, "ralston", order=2)
+    model = DesignConfig(design=ralston, weights="linear", num_steps=2, num_anchors=2,
+                         duration=2.0, d_model=16, n_heads=2, d_head=8, d_ff=32, context=16)
+    result = train(TrainConfig(model=model, steps=10, batch_size=8, lr=1e-2, warmup=2,
+                               eval_every=10, eval_sequences=8, log_every=1), progress=False)
+    losses = [row["loss"] for row in result.history]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.3
+    assert ralston.adaptive is None  # b_error = 0: no estimate, no adaptive depth
+    reference = LayerDesign("diffrax-ralston", Retracted(diffrax.Ralston()))
+    tokens = TOKENS[:, :16]
+    ours = nnx.jit(lambda m, t: m(t))(result.model, tokens)
+    theirs = nnx.jit(lambda m, t: m(t))(
+        nnx.merge(nnx.graphdef(SolverLM(model.replace(design=reference), rngs=nnx.Rngs(0))),
+                  nnx.state(result.model)), tokens)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+class HandMidpoint(AbstractSphereSolver):
+    """A user's own solver: ``y1 = R(y + h v(t + h/2, R(y + h/2 v(t, y))))``."""
+
+    marker: ClassVar[str] = "user"
+
+    def order(self, terms):
+        return 2
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        terms, _ = within_step(terms, t0, t1)
+        h = t1 - t0
+        k1 = terms.vf(t0, y0, args)
+        k2 = terms.vf(t0 + h / 2, sphere.retract(y0 + h / 2 * k1), args)
+        y1 = sphere.retract(y0 + h * k2)
+        return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
+
+
+def test_user_subclass_equals_diffrax_midpoint():
+    mine = LayerDesign("hand-midpoint", HandMidpoint())
+    for weights in ("per_layer", "chebyshev"):
+        config = SMALL.replace(weights=weights)
+        np.testing.assert_allclose(_logits(config.replace(design=mine)),
+                                   _logits(config.replace(design="midpoint")),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_evaluations_are_counted():
+    expected = {"euler": 1, "heun": 2, "midpoint": 2, "rk4": 4, "geodesic-euler": 1,
+                "crouch-grossman3": 3, "lie-trotter": 1, "strang": 1.5}
+    for name, per_step in expected.items():
+        assert evaluations(DESIGNS[name], 4) == 4 * per_step, name
+
+
+def test_continuous_weights_converge_in_depth():
+    """Continuous-in-depth weights run at any step count; RK4 stacks approach the flow fast
+    (differences between N and 2N steps shrink by about 2^4)."""
+    config = SMALL.replace(design="rk4", weights="chebyshev", init_std=0.2)
+    outs = [_logits(config, steps=n) for n in (2, 4, 8)]
+    d1 = float(jnp.max(jnp.abs(outs[0] - outs[1])))
+    d2 = float(jnp.max(jnp.abs(outs[1] - outs[2])))
+    assert d1 > 1e-4  # the flow is not trivial
+    assert d2 < d1 / 6, (d1, d2)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="unknown design"):
+        DesignConfig(design="nope")
+    with pytest.raises(ValueError, match="no pre-norm form"):
+        DesignConfig(design="geodesic-euler", norm_position="pre")
+    with pytest.raises(ValueError, match="weights"):
+        DesignConfig(weights="cubic")
+    with pytest.raises(ValueError, match="num_anchors"):
+        DesignConfig(weights="linear", num_anchors=1)
+    with pytest.raises(TypeError, match="diffrax solver"):
+        LayerDesign("x", solver="euler")
+    with pytest.raises(ValueError, match="context"):
+        SolverLM(SMALL, rngs=nnx.Rngs(0))(jnp.zeros((1, 13), jnp.int32))
+    assert get_design("svflow_jax.designs.design:CLASSICAL_RK4").name == "CLASSICAL_RK4"

@@ -1,0 +1,45 @@
+"""``experiments/layer_designs.py --quick`` runs end to end and writes a consistent report."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_experiment_writes_the_report(tmp_path):
+    out = tmp_path / "ld"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "layer_designs.py"), "--quick",
+                    "--out", str(out), "--no-progress"], env=env, check=True, timeout=600,
+                   capture_output=True, text=True)
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["design"]: r for r in results["austen"]}
+    assert set(rows) == {"euler", "heun"}
+    budget = results["settings"]["budget"]
+    # equal compute and equal parameters, by construction and by count
+    assert {r["evaluations"] for r in rows.values()} == {budget}
+    assert rows["euler"]["blocks"] == 2 * rows["heun"]["blocks"]
+    assert len({r["parameters"] for r in rows.values()}) == 1
+    for r in rows.values():
+        mean, half = r["val_bpc"]
+        assert 0 < mean < 8.5 and math.isfinite(half)  # below log2(256) + a margin, 2 seeds
+        assert [t["num_steps"] for t in r["transfer"].values()] == [
+            max(1, round(f * r["blocks"])) for f in (0.5, 2.0, 4.0)]
+        assert r["train_tokens_per_s"] > 0 and r["inference_tokens_per_s"] > 0
+    adaptive = rows["heun"]["adaptive"]
+    assert adaptive and adaptive[0]["all_finished"] and adaptive[0]["evaluations"][0] >= 2
+    assert rows["euler"]["adaptive"] == []  # no embedded error estimate
+    assert 0 <= results["recall"][0]["accuracy"][0] <= 1
+    report = (out / "report.md").read_text()
+    assert "| euler | 4 | 4 |" in report and "plain NNX TransformerLM" in report
+    for name in ("validation_curves.png", "depth_transfer.png", "adaptive_depth.png"):
+        assert (out / name).stat().st_size > 1000
+    with open(out / "table.csv") as f:
+        assert [row["design"] for row in csv.DictReader(f)] == ["euler", "heun"]
