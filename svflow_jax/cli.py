@@ -14,6 +14,8 @@ Subcommands:
   flow, the geometry of its layers, smoothness of its weights in depth, refinement
   consistency; exit code 1 when its flow does not reproduce it.
 * ``train``: train a solver as a layer design (:mod:`svflow_jax.training.cli`).
+* ``diagnose``: SVFlow diagnostics of a pretrained model under prefix shuffling
+  (:mod:`svflow_jax.diagnose`); exit code 0 when the run completes, 2 on bad options.
 
 Options are checked before anything is compiled.
 """
@@ -353,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .training.cli import add_train_parser  # svflow train (svflow_jax/training/cli.py)
 
     add_train_parser(sub)
+    from .diagnose.cli import add_diagnose_parser
+
+    add_diagnose_parser(sub)
     return parser
 
 

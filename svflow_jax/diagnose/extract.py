@@ -1,0 +1,243 @@
+"""Reading the SVFlow diagnostics off a Transformer, layer by layer (the bridge).
+
+This module speaks both vocabularies: it takes the pieces a :class:`~svflow_jax.transformer.
+TransformerLM` exposes publicly (``hidden_states``, each layer's Norm and ``attn.attention_
+weights``, the layers' parameters) and hands arrays in flow words to the pure functions of
+:mod:`svflow_jax.flow.diagnostics`. Units and choices (``docs/theory.md``, section 16):
+
+* the point explained at layer ``t`` is the direction ``x_i = y_i / |y_i|`` of the residual
+  stream ``y`` entering the layer (``hidden_states[t]``);
+* the attention posterior ``q_h(j | x_i)`` is the model's own softmax, recomputed in float64
+  from the (float32) branch input ``z = Norm(y)`` (pre-norm) or ``z = y`` (post-norm);
+* the natural parameter of component ``(h, j)`` is the head's value-output image of the branch
+  input, in the model's units (no rescaling):
+  ``eta_hj = (z_j W_V^{g(h)} + b_V^{g(h)}) W_O^h + b_O / H``, so that
+  ``sum_h sum_j q_h(j | x_i) eta_hj`` is exactly the attention output at token ``i``;
+* the attention kernel concentration of head ``h`` at scored token ``i`` is
+  ``|q_hi| mean_j |k_hj| / sqrt(d_k)``, the factor multiplying the cosine in the logits
+  (RoPE is a rotation and preserves both norms).
+
+Everything per window is one jitted call: the model's scanned forward, then one ``nnx.scan``
+over the stacked layers that computes the layer's metrics and keeps only small per-layer
+summaries (the ``(H, n, d)`` natural parameters of 30 layers are never stored).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array
+
+from ..flow import diagnostics as fd
+from ..transformer.model import Block, TransformerLM
+
+__all__ = ["LayerSummaries", "check_supported", "window_diagnostics", "scale_attention_logits",
+           "natural_parameters"]
+
+
+class LayerSummaries(NamedTuple):
+    """Per-window results of :func:`window_diagnostics` (NumPy arrays, float64).
+
+    ``P`` sequences (sequence 0 is the clean reference), ``L`` layers, ``H`` heads; head
+    metrics are averaged over the ``s`` scored tokens (and over ``j`` for ``kappa_eta``).
+    """
+
+    log_evidence: np.ndarray  # (L, P, H) log p_h(x_i)
+    kl_q_p: np.ndarray  # (L, P, H) KL(q_h || p_h)
+    kl_clean: np.ndarray  # (L, P, H) KL(q_clean || q_p), 0 for p = 0
+    entropy: np.ndarray  # (L, P, H) entropy of q_h (nats)
+    kappa_eta: np.ndarray  # (L, P, H) mean_j |eta_hj|
+    kappa_posterior: np.ndarray  # (L, P, H) mean_i sum_j q_h(j|x_i) |eta_hj|
+    kappa_attn: np.ndarray  # (L, P, H) attention kernel concentration
+    kappa_resultant: np.ndarray  # (L, P) from the mean resultant length of all n directions
+    target_logp: np.ndarray | None  # (P, s) log-probability of the next token (LMs)
+    confidence: np.ndarray | None  # (P, s) top-1 probability
+    correct: np.ndarray | None  # (P, s) top-1 == next token
+
+
+def check_supported(model: TransformerLM) -> None:
+    """Raises ``ValueError`` for layers this bridge does not read (macaron blocks, MoE is fine:
+    only the attention branch is read)."""
+    if model.config.block == "macaron":
+        raise ValueError("svflow diagnose reads sequential and parallel blocks; a macaron "
+                         "block's attention input is not a hidden state")
+
+
+def _branch_input(layer: Block, y: Array) -> Array:
+    cfg = layer.config
+    if cfg.norm_position == "post":
+        return y
+    return layer.norm(y) if cfg.block == "parallel" else layer.norm_attn(y)
+
+
+def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
+    """``|q_hi|`` (..., H, n) and ``|k_hj|`` (..., H, n) before RoPE (which preserves them)."""
+    q = jnp.einsum("...nd,dhk->...hnk", z, attn.wq[...].astype(z.dtype))
+    k = jnp.einsum("...nd,dgk->...gnk", z, attn.wk[...].astype(z.dtype))
+    if attn.bq is not None:
+        q = q + attn.bq[...].astype(z.dtype)[:, None, :]
+        k = k + attn.bk[...].astype(z.dtype)[:, None, :]
+    if attn.q_norm_gain is not None:
+        def rms(a):
+            return a / jnp.sqrt(jnp.mean(a * a, axis=-1, keepdims=True) + attn.eps)
+        q = rms(q) * attn.q_norm_gain[...].astype(z.dtype)
+        k = rms(k) * attn.k_norm_gain[...].astype(z.dtype)
+    group = attn.n_heads // attn.n_kv_heads
+    k = jnp.repeat(k, group, axis=-3)
+    return jnp.linalg.norm(q, axis=-1), jnp.linalg.norm(k, axis=-1)
+
+
+def _values(attn, z: Array) -> Array:
+    """``z_j W_V^{g(h)} + b_V^{g(h)}`` per query head: (..., H, n, k)."""
+    v = jnp.einsum("...nd,dgk->...gnk", z, attn.wv[...].astype(z.dtype))
+    if attn.bv is not None:
+        v = v + attn.bv[...].astype(z.dtype)[:, None, :]
+    return jnp.repeat(v, attn.n_heads // attn.n_kv_heads, axis=-3)
+
+
+def natural_parameters(attn, z: Array) -> Array:
+    """``eta_hj = (z_j W_V^g + b_V^g) W_O^h + b_O / H``: (..., H, n, d), formed explicitly
+    (the reference for the factored computation in :func:`_eta_dots_and_norms`)."""
+    eta = jnp.einsum("...hnk,hkd->...hnd", _values(attn, z), attn.wo[...].astype(z.dtype))
+    if attn.bo is not None:
+        eta = eta + attn.bo[...].astype(z.dtype) / attn.n_heads
+    return eta
+
+
+def _eta_dots_and_norms(attn, z: Array, x: Array) -> tuple[Array, Array]:
+    """``eta_hj . x_i`` (..., H, s, n) and ``|eta_hj|`` (..., H, n) without forming ``eta``:
+    ``eta_hj . x_i = v_hj . (x_i W_O^h^T) + x_i . b_O / H`` and
+    ``|eta_hj|^2 = v_hj W_O^h W_O^h^T v_hj^T + 2 v_hj W_O^h b_O / H + |b_O|^2 / H^2``
+    (``O(H n k^2)`` instead of ``O(H n k d)``)."""
+    v = _values(attn, z)  # (..., H, n, k)
+    wo = attn.wo[...].astype(z.dtype)  # (H, k, d)
+    dots = jnp.einsum("...hnk,...hsk->...hsn", v, jnp.einsum("...sd,hkd->...hsk", x, wo))
+    gram = jnp.einsum("hkd,hld->hkl", wo, wo)
+    sq = jnp.einsum("...hnk,hkl,...hnl->...hn", v, gram, v)
+    if attn.bo is not None:
+        b = attn.bo[...].astype(z.dtype) / attn.n_heads
+        dots = dots + jnp.einsum("...sd,d->...s", x, b)[..., None, :, None]
+        sq = sq + 2 * jnp.einsum("...hnk,hkd,d->...hn", v, wo, b) + jnp.sum(b * b)
+    return dots, jnp.sqrt(jnp.maximum(sq, 0.0))
+
+
+def _layer_metrics(layer: Block, y: Array, inverse: Array, scored: int, dtype) -> dict:
+    """Metrics of one layer for ``P`` sequences ``y (P, n, d)``; sequence 0 is the reference.
+
+    The large contractions run in the model's dtype (float32 for a checkpoint); everything
+    from the vMF normalisers, the posteriors and the divergences on is in ``dtype``."""
+    n, d = y.shape[-2], y.shape[-1]
+    causal = layer.config.causal
+    z = _branch_input(layer, y)
+    attn = layer.attn
+    probs = attn.attention_weights(z)[..., n - scored:, :].astype(dtype)  # (P, H, s, n)
+    rows = jnp.arange(n - scored, n)[:, None]
+    context = (jnp.arange(n)[None, :] <= rows) if causal else jnp.ones((scored, n), bool)
+    ctx = jnp.broadcast_to(context, probs.shape)
+    log_q = fd.safe_log(probs, ctx)
+
+    x = fd.directions(y)  # (P, n, d)
+    dots, kappa = _eta_dots_and_norms(attn, z, x[..., n - scored:, :])
+    kappa = kappa.astype(dtype)
+    loglik = fd.vmf_log_likelihoods(dots.astype(dtype), kappa, d)
+    log_p = fd.true_posterior_log(loglik, context)
+
+    # q_clean vs q_p over the same context tokens: column src of sequence p is position
+    # inverse[p, src] (the clean token src sits there after the shuffle).
+    aligned = jnp.take_along_axis(log_q, inverse[:, None, None, :], axis=-1)
+    qn, kn = _qk_norms(attn, z)  # (P, H, n)
+    qn, kn = qn.astype(dtype), kn.astype(dtype)
+    k_mean = jnp.sum(jnp.where(context, kn[..., None, :], 0.0), -1) / jnp.sum(context, -1)
+    kappa_attn = qn[..., n - scored:] * k_mean / math.sqrt(attn.d_head)
+    mean = lambda a: jnp.mean(a, axis=-1)  # noqa: E731 (over scored tokens)
+    return {
+        "log_evidence": mean(fd.log_evidence(loglik, context)),
+        "kl_q_p": mean(fd.kl_divergence(log_q, log_p, ctx)),
+        "kl_clean": mean(fd.kl_divergence(log_q[:1], aligned, ctx)),
+        "entropy": mean(fd.entropy(log_q, ctx)),
+        "kappa_eta": jnp.mean(kappa, axis=-1),
+        "kappa_posterior": mean(jnp.einsum("phsn,phn->phs", jnp.exp(log_q), kappa)),
+        "kappa_attn": mean(kappa_attn),
+        "kappa_resultant": fd.resultant_concentration(x.astype(dtype)),
+    }
+
+
+@nnx.jit(static_argnames=("scored", "dtype"))
+def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
+    hs = model.hidden_states(tokens)  # (L + 1, P, n, d)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
+    def step(carry, layer, y):
+        return carry, _layer_metrics(layer, y, inverse, scored, dtype)
+
+    _, per_layer = step(jnp.zeros(()), model.transformer.layers, hs[:-1])
+    task = None
+    if targets is not None:
+        final = hs[-1][:, -scored:, :]
+        if model.transformer.final_norm is not None:
+            final = model.transformer.final_norm(final)
+        logp = jax.nn.log_softmax(model.logits(final).astype(dtype), axis=-1)
+        target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        task = (target_logp, jnp.exp(jnp.max(logp, -1)), jnp.argmax(logp, -1) == targets)
+    return per_layer, task
+
+
+def window_diagnostics(
+    model: TransformerLM,
+    tokens: np.ndarray,
+    inverse: np.ndarray,
+    scored: int,
+    targets: np.ndarray | None = None,
+    dtype=None,
+) -> LayerSummaries:
+    """The per-layer diagnostics of ``P`` versions of one window.
+
+    Args:
+        model: a ``TransformerLM`` (pre- or post-norm, causal or not).
+        tokens: ``(P, n)`` token ids; row 0 is the clean window, the others perturbed copies.
+        inverse: ``(P, n)`` integers: ``inverse[p, src]`` is the position in row ``p`` of the
+            token at position ``src`` of row 0 (the identity for row 0).
+        scored: the last ``scored`` positions are the scored tokens (never moved).
+        targets: ``(P, scored)`` next-token ids of the scored positions (causal LMs), or None.
+        dtype: the dtype of the metrics (default float64 if x64 is on, else float32).
+    """
+    check_supported(model)
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or np.asarray(inverse).shape != tokens.shape:
+        raise ValueError(f"tokens and inverse must both be (P, n), got {tokens.shape}, "
+                         f"{np.asarray(inverse).shape}")
+    if not 1 <= scored <= tokens.shape[1]:
+        raise ValueError(f"scored must be in [1, n={tokens.shape[1]}], got {scored}")
+    if targets is not None and not model.config.lm_head:
+        raise ValueError("targets need a model with an LM head")
+    dtype = dtype or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    per_layer, task = _window(model, jnp.asarray(tokens), jnp.asarray(inverse),
+                              None if targets is None else jnp.asarray(targets), scored,
+                              jnp.dtype(dtype))
+    per_layer = {k: np.asarray(v, np.float64) for k, v in per_layer.items()}
+    if task is None:
+        tl = conf = corr = None
+    else:
+        tl, conf, corr = (np.asarray(a) for a in task)
+    return LayerSummaries(**per_layer, target_logp=tl, confidence=conf, correct=corr)
+
+
+def scale_attention_logits(model: TransformerLM, factor: float) -> TransformerLM:
+    """A copy of ``model`` whose attention logits are multiplied by ``factor`` in every layer
+    (the kernel concentration of every head scaled by ``factor``): the queries' weights and
+    biases are scaled, or the query Norm gains when ``qk_norm`` (RoPE is linear in ``q``)."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a finite positive number, got {factor!r}")
+    out = nnx.clone(model)
+    attn = out.transformer.layers.attn
+    names = ("q_norm_gain",) if attn.q_norm_gain is not None else ("wq", "bq")
+    for name in names:
+        p = getattr(attn, name)
+        if p is not None:
+            p[...] = p[...] * jnp.asarray(factor, p[...].dtype)
+    return out

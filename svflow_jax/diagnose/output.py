@@ -1,0 +1,312 @@
+"""Writing a diagnostics run: ``config.json``, ``summary.json``, CSV tables, PNG figures and
+``report.md``. Everything here reads the summary of :func:`svflow_jax.diagnose.diagnose`; it
+measures nothing (the headline verdicts compare the measured numbers with the paper's
+statements, as listed in :data:`PAPER`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PAPER", "headline", "write_all"]
+
+PAPER = {
+    "rho": "metrics correlate with perplexity and calibration, Spearman rho about 0.87",
+    "depth": "deeper layers are more sensitive to prefix shuffling than shallow ones",
+    "scaling": "extreme concentrations make divergences explode and the model over-confident "
+               "(Qwen3)",
+}
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "nan" if not math.isfinite(v) else f"{v:.{digits}g}"
+    return str(v)
+
+
+def _ci(ci) -> str:
+    lo, hi = ci
+    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (";".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+                        for k, v in r.items()})
+
+
+def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
+    """The headline table: paper statement, our number, verdict (reproduced / not reproduced
+    / not comparable). Decision rules (``docs/theory.md``, section 16): a metric's rho with
+    perplexity across levels is "reproduced" when the 95% interval of ``|rho|`` lies above 0.5
+    (a strong rank correlation, as the paper's 0.87; the sign is reported, not judged); the rho
+    across (window, level) cells is shown beside it. Depth: the deep/shallow ratio's interval
+    lies above 1. Scaling: from c = 1 to the largest c, the clean-vs-shuffled KL grows by more
+    than the factor (faster than linearly) and the over-confidence (mean confidence - accuracy)
+    rises with intervals that do not overlap."""
+    rows = []
+    sh = summary["shuffle"]
+    if "rho" in sh:
+        for name, e in sh["rho"].items():
+            r, ci = e["perplexity"]["rho"], e["perplexity"]["ci"]
+            re_, cie = e["ece"]["rho"], e["ece"]["ci"]
+            sign = 1 if r >= 0 else -1
+            lo = min(sign * ci[0], sign * ci[1])
+            cells = e["perplexity_cells"]
+            rows.append({"statement": f"rho({name}, perplexity) ~ 0.87",
+                         "ours": f"levels {_fmt(r, 2)} {_ci(ci)}; cells "
+                                 f"{_fmt(cells['rho'], 2)} {_ci(cells['ci'])}",
+                         "verdict": "reproduced" if lo > 0.5 else "not reproduced"})
+            sign = 1 if re_ >= 0 else -1
+            lo = min(sign * cie[0], sign * cie[1])
+            rows.append({"statement": f"rho({name}, ECE) ~ 0.87",
+                         "ours": f"levels {_fmt(re_, 2)} {_ci(cie)}",
+                         "verdict": "reproduced" if lo > 0.5 else "not reproduced"})
+    for name in ("kl_clean", "kl_q_p", "entropy", "log_evidence"):
+        e = sh["depth"][name]
+        lo, _ = e["deep_over_shallow_ci"]
+        rows.append({"statement": f"deep layers more sensitive ({name})",
+                     "ours": f"deep/shallow {_fmt(e['deep_over_shallow'])} "
+                             f"{_ci(e['deep_over_shallow_ci'])} (unnormalised "
+                             f"{_fmt(e.get('raw_deep_over_shallow'))} "
+                             f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))})",
+                     "verdict": "reproduced" if lo > 1 else "not reproduced"})
+    sc = summary.get("scaling")
+    if sc:
+        rs = {r["factor"]: r for r in sc["rows"]}
+        top = max(rs)
+        if 1.0 in rs and top > 1:
+            a, b = rs[1.0], rs[top]
+            growth = b["kl_clean"] / a["kl_clean"]
+            oc_up = b["overconfidence_ci"][0] > a["overconfidence_ci"][1]
+            ok = growth > top and oc_up
+            rows.append({"statement": PAPER["scaling"],
+                         "ours": f"x{top:g} logits: KL(q_clean||q_shuf) x{growth:.2f}, "
+                                 f"over-confidence {a['overconfidence']:+.3f} -> "
+                                 f"{b['overconfidence']:+.3f}, ECE {a['ece']:.3f} -> "
+                                 f"{b['ece']:.3f}",
+                         "verdict": "reproduced" if ok else "not reproduced"})
+    else:
+        rows.append({"statement": PAPER["scaling"], "ours": "no LM head: not run",
+                     "verdict": "not comparable"})
+    return rows
+
+
+def write_tables(out: Path, summary: dict[str, Any]) -> None:
+    sh = summary["shuffle"]
+    levels = sh["levels"]
+    rows = []
+    for k, level in enumerate(levels):
+        row: dict[str, Any] = {"level": level}
+        if "task" in sh:
+            t = sh["task"]
+            row.update(perplexity=t["perplexity"][k], perplexity_ci=t["perplexity_ci"][k],
+                       ece=t["ece"][k], ece_ci=t["ece_ci"][k],
+                       mean_confidence=t["mean_confidence"][k], accuracy=t["accuracy"][k])
+        for name, m in sh["level_means"].items():
+            row[name] = sum(m[k]) / len(m[k])
+        rows.append(row)
+    _csv(out / "levels.csv", rows)
+    rows = []
+    for name, m in sh["level_means"].items():
+        for k, level in enumerate(levels):
+            for t, v in enumerate(m[k]):
+                rows.append({"metric": name, "level": level, "layer": t, "value": v})
+    _csv(out / "levels_by_layer.csv", rows)
+    if "rho" in sh:
+        _csv(out / "rho.csv", [
+            {"metric": n, "rho_perplexity": e["perplexity"]["rho"],
+             "ci_perplexity": e["perplexity"]["ci"], "rho_ece": e["ece"]["rho"],
+             "ci_ece": e["ece"]["ci"], "rho_perplexity_cells": e["perplexity_cells"]["rho"],
+             "ci_perplexity_cells": e["perplexity_cells"]["ci"]} for n, e in sh["rho"].items()])
+        _csv(out / "rho_by_layer.csv", [
+            {"metric": n, "layer": t, "rho_perplexity": e["perplexity"]["per_layer"][t],
+             "rho_ece": e["ece"]["per_layer"][t]}
+            for n, e in sh["rho"].items() for t in range(len(e["perplexity"]["per_layer"]))])
+    _csv(out / "depth.csv", [
+        {"metric": n, "layer": t, "sensitivity": s, "ci": e["sensitivity_ci"][t],
+         "change": e["change"][t] if "change" in e else None}
+        for n, e in sh["depth"].items() for t, s in enumerate(e["sensitivity"])])
+    if summary.get("scaling"):
+        _csv(out / "scaling.csv", [{k: v for k, v in r.items() if not k.endswith("_per_layer")}
+                                   for r in summary["scaling"]["rows"]])
+
+
+def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sh = summary["shuffle"]
+    levels = sh["levels"]
+    names = list(sh["level_means"])
+    written = []
+    # 1. heat maps: metric change from level 0, per layer and level
+    fig, axes = plt.subplots(2, (len(names) + 1) // 2, figsize=(4 * ((len(names) + 1) // 2), 7),
+                             squeeze=False)
+    for ax, name in zip(axes.ravel(), names, strict=False):
+        m = np.asarray(sh["level_means"][name])  # (K, L)
+        delta = (m - m[:1]).T
+        top = float(np.max(np.abs(delta))) or 1.0  # colour scale centred at "no change"
+        im = ax.imshow(delta, aspect="auto", origin="lower", cmap="coolwarm", vmin=-top,
+                       vmax=top)
+        ax.set_xticks(range(len(levels)), [f"{v:g}" for v in levels])
+        ax.set_xlabel("shuffled fraction of the prefix")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{name} - clean", fontsize=9)
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out / "heatmaps.png", dpi=90)
+    plt.close(fig)
+    written.append("heatmaps.png")
+    # 2. metric vs perplexity with rho
+    if "task" in sh:
+        ppl = sh["task"]["perplexity"]
+        fig, axes = plt.subplots(2, (len(names) + 1) // 2,
+                                 figsize=(4 * ((len(names) + 1) // 2), 7), squeeze=False)
+        for ax, name in zip(axes.ravel(), names, strict=False):
+            m = np.asarray(sh["level_means"][name]).mean(1)
+            ax.plot(ppl, m, "o-")
+            for k, lv in enumerate(levels):
+                ax.annotate(f"{lv:g}", (ppl[k], m[k]), fontsize=7)
+            e = sh["rho"][name]["perplexity"]
+            ax.set_title(f"{name}: rho {e['rho']:.2f} {_ci(e['ci'])}", fontsize=9)
+            ax.set_xlabel("perplexity (scored tokens)")
+            ax.set_ylabel("layer mean")
+        fig.tight_layout()
+        fig.savefig(out / "metric_vs_perplexity.png", dpi=90)
+        plt.close(fig)
+        written.append("metric_vs_perplexity.png")
+    # 3. depth sensitivity
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        e = sh["depth"][name]
+        ax.plot(e["sensitivity"], label=f"{name} ({e['deep_over_shallow']:.2f})")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("|change clean -> fully shuffled| / sd")
+    ax.set_title("depth sensitivity (deep/shallow ratio in brackets)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "depth_sensitivity.png", dpi=90)
+    plt.close(fig)
+    written.append("depth_sensitivity.png")
+    # 4. concentration scaling
+    sc = summary.get("scaling")
+    if sc:
+        rows = sc["rows"]
+        c = [r["factor"] for r in rows]
+        panels = [("perplexity", "perplexity (clean)"), ("ece", "ECE (clean)"),
+                  ("overconfidence", "mean confidence - accuracy"),
+                  ("kl_clean", "KL(q_clean || q_shuffled)"), ("kl_q_p", "KL(q || p)"),
+                  ("entropy", "attention entropy"), ("kappa_attn", "attention kappa"),
+                  ("kappa_posterior", "E_q |eta|")]
+        fig, axes = plt.subplots(2, 4, figsize=(15, 6.5))
+        for ax, (key, title) in zip(axes.ravel(), panels, strict=True):
+            y = [r[key] for r in rows]
+            ci = [r.get(key + "_ci") for r in rows]
+            if all(ci):
+                # a percentile interval need not contain the point estimate: clip at 0
+                lo = [max(0.0, y[i] - ci[i][0]) for i in range(len(y))]
+                hi = [max(0.0, ci[i][1] - y[i]) for i in range(len(y))]
+                ax.errorbar(c, y, yerr=[lo, hi], fmt="o-", capsize=3)
+            else:
+                ax.plot(c, y, "o-")
+            ax.set_xscale("log")
+            ax.set_xlabel("attention-logit factor c")
+            ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "concentration_scaling.png", dpi=90)
+        plt.close(fig)
+        written.append("concentration_scaling.png")
+    return written
+
+
+def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
+    sh, cfg, model = summary["shuffle"], summary["config"], summary["model"]
+    t = summary["timings"]
+    lines = [f"# svflow diagnose: {model['name']}", "",
+             f"{model['layers']} layers, d = {model['d_model']}, {model['heads']} heads "
+             f"({model['kv_heads']} KV), {'causal LM' if model['language_model'] else 'encoder'}"
+             f". Text: {summary['text']['path']} ({summary['text']['tokens']} tokens). "
+             f"{sh['windows']} windows of {cfg['context']} tokens, the last {cfg['scored']} "
+             f"scored; shuffle levels {cfg['levels']} of the first {cfg['context'] - cfg['scored']}"
+             f" positions, {cfg['permutations']} permutations each; seed {cfg['seed']}; "
+             f"{cfg['bootstrap']} bootstrap resamples of the windows (95% percentile intervals)."
+             f" Run time {t['total_s']:.0f} s (load {t['load_s']:.0f} s, shuffle study "
+             f"{t['shuffle_s']:.0f} s, scaling {_fmt(t['scaling_s'])} s).", "",
+             "Definitions: docs/theory.md, section 16.", "", "## Headline", "",
+             "| paper | ours | verdict |", "| --- | --- | --- |"]
+    lines += [f"| {r['statement']} | {r['ours']} | {r['verdict']} |" for r in headline(summary)]
+    if "task" in sh:
+        tk = sh["task"]
+        lines += ["", "## Task metrics per shuffle level", "",
+                  "| level | perplexity | ECE | confidence | accuracy |",
+                  "| --- | --- | --- | --- | --- |"]
+        for k, lv in enumerate(sh["levels"]):
+            lines.append(f"| {lv:g} | {tk['perplexity'][k]:.2f} {_ci(tk['perplexity_ci'][k])} | "
+                         f"{tk['ece'][k]:.3f} {_ci(tk['ece_ci'][k])} | "
+                         f"{tk['mean_confidence'][k]:.3f} | {tk['accuracy'][k]:.3f} |")
+        lines += ["", f"ECE: {tk['ece_bins']} equal-mass bins over the scored tokens of a level."
+                  f" Spearman rho of perplexity with the level: "
+                  f"{tk['rho_perplexity_vs_level']:.2f}; of ECE: {tk['rho_ece_vs_level']:.2f}.",
+                  "", "## Spearman rho across shuffle levels (layer-mean metric)", "",
+                  "| metric | rho with perplexity | rho with ECE | rho with per-window perplexity "
+                  "(window x level cells) |", "| --- | --- | --- | --- |"]
+        for n, e in sh["rho"].items():
+            lines.append(f"| {n} | {e['perplexity']['rho']:.2f} {_ci(e['perplexity']['ci'])} | "
+                         f"{e['ece']['rho']:.2f} {_ci(e['ece']['ci'])} | "
+                         f"{e['perplexity_cells']['rho']:.2f} "
+                         f"{_ci(e['perplexity_cells']['ci'])} |")
+    lines += ["", "## Depth sensitivity", "",
+              "S_t = |mean over windows of (metric at the last level - clean)| / sd of the "
+              "metric over all (window, level) cells of layer t; ratio = mean S over the deepest "
+              "third / mean S over the shallowest third.", "",
+              "The unnormalised ratio uses the mean absolute change itself (the metric's units).",
+              "", "| metric | deep/shallow | 95% interval | unnormalised | 95% interval |",
+              "| --- | --- | --- | --- | --- |"]
+    for n, e in sh["depth"].items():
+        lines.append(f"| {n} | {_fmt(e['deep_over_shallow'])} | {_ci(e['deep_over_shallow_ci'])}"
+                     f" | {_fmt(e.get('raw_deep_over_shallow'))} | "
+                     f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))} |")
+    sc = summary.get("scaling")
+    if sc:
+        lines += ["", f"## Concentration scaling (attention logits x c; {sc['windows']} windows,"
+                  f" clean vs shuffled at level {sc['level']:g})", "",
+                  "| c | perplexity | ECE | conf - acc | KL(q_clean\\|\\|q_shuf) | KL(q\\|\\|p) | "
+                  "entropy | kappa_attn | E_q kappa |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in sc["rows"]:
+            lines.append(
+                f"| {r['factor']:g} | {r['perplexity']:.2f} {_ci(r['perplexity_ci'])} | "
+                f"{r['ece']:.3f} {_ci(r['ece_ci'])} | {r['overconfidence']:+.3f} "
+                f"{_ci(r['overconfidence_ci'])} | {r['kl_clean']:.3f} {_ci(r['kl_clean_ci'])} | "
+                f"{r['kl_q_p']:.3f} | {r['entropy']:.3f} | {r['kappa_attn']:.1f} | "
+                f"{r['kappa_posterior']:.1f} |")
+    lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def write_all(out: str | Path, summary: dict[str, Any]) -> Path:
+    """``summary.json``, ``config.json``, the CSVs, the figures and ``report.md`` in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(summary["config"], indent=2) + "\n")
+    summary = {**summary, "headline": headline(summary)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_tables(out, summary)
+    figures = write_figures(out, summary)
+    write_markdown(out, summary, figures)
+    return out

