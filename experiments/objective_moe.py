@@ -28,7 +28,7 @@ experiment resumes from it), ``curves.csv`` (one row per run, step and layer), `
 Sizes: the default (3 seeds, 120 steps, 30 runs) took 19.7 minutes on 2 CPU cores shared with
 four other jobs (load average 6-9), so it fits the 45-minute budget with room; ``--steps 240``
 should fit 45 minutes on 2 idle cores by extrapolation (not run). ``--quick`` (CI) trains top-1
-only, 1 seed, 12 steps, d = 32, 16 validation sequences (about 100 s at that load, all six
+only, 1 seed, 12 steps, d = 32, 16 validation sequences (72 s at load average 6, all six
 runs; the smoke test runs two of them for 2 steps).
 """
 
@@ -383,7 +383,8 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     text = [
         "# The hybrid objective and MoE stability", "",
         f"Scale: **{scale}**; {len(runs)} runs, {s['steps']} steps each, seeds {s['seeds']}; "
-        f"{sum(r['seconds'] for r in runs) / 60:.1f} min of training and evaluation (sum over runs). Final evaluation on *Persuasion* "
+        f"{sum(r['seconds'] for r in runs) / 60:.1f} min of training and evaluation (sum over "
+        "runs). Final evaluation on *Persuasion* "
         f"({s['eval_sequences']} windows of {s['context']} bytes). Intervals: 95% Student t "
         "over seeds (none with one seed).", "",
         "## Result table (final step, means over layers)", "", markdown_table(table), "",
@@ -415,7 +416,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({"settings": s, "argv": sys.argv[1:]}, indent=1))
     log = out / "runs.jsonl"
-    done = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    done = ([json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+            if log.exists() else [])
     start = time.perf_counter()
     if not args.report_only:
         configs = run_configs(s)

@@ -2,8 +2,8 @@
 gradient coupling, read off a :class:`~svflow_jax.transformer.TransformerLM`
 (``docs/theory.md``, section 20)."""
 
-from .mechanism import Coupling, cosine, gradient_coupling
 from .bridge import DELTA_NAMES, LayerTerms, check_supported, forward_terms, zero_deltas
+from .mechanism import Coupling, cosine, gradient_coupling
 from .terms import (
     attention_j_var,
     class_logits,

@@ -44,13 +44,13 @@ class LayerTerms(NamedTuple):
     """Per-layer quantities of one batch (leading axis ``L``). MoE fields are ``None`` for a
     dense FFN. Means are over the batch's tokens (and heads)."""
 
-    attn_j_var: Float[Array, "L"]  # mean_{h,i} KL(q_h || p_h)
-    attn_entropy: Float[Array, "L"]  # mean_{h,i} H(q_h(. | x_i)) (nats)
-    attn_log_evidence: Float[Array, "L"]  # mean_{h,i} log p_h(x_i)
-    moe_j_var: Float[Array, "L"] | None  # mean_i KL(q(. | x_i) || p(. | x_i)), dense router
-    router_entropy: Float[Array, "L"] | None  # mean_i H(softmax(z_i W_r))
-    population_kl: Float[Array, "L"] | None  # KL(qbar || uniform)
-    switch: Float[Array, "L"] | None  # E sum_e f_e P_e
+    attn_j_var: Float[Array, " L"]  # mean_{h,i} KL(q_h || p_h)
+    attn_entropy: Float[Array, " L"]  # mean_{h,i} H(q_h(. | x_i)) (nats)
+    attn_log_evidence: Float[Array, " L"]  # mean_{h,i} log p_h(x_i)
+    moe_j_var: Float[Array, " L"] | None  # mean_i KL(q(. | x_i) || p(. | x_i)), dense router
+    router_entropy: Float[Array, " L"] | None  # mean_i H(softmax(z_i W_r))
+    population_kl: Float[Array, " L"] | None  # KL(qbar || uniform)
+    switch: Float[Array, " L"] | None  # E sum_e f_e P_e
     load: Float[Array, "L E"] | None  # f_e, fraction of top-k slots
 
 

@@ -146,8 +146,9 @@ def _population_mean(a: Array, weights: Array | None) -> Array:
 
 
 def expert_load(
-    selected: Bool[Array, "... E"] | Float[Array, "... E"], weights: Float[Array, "..."] | None = None
-) -> Float[Array, "E"]:
+    selected: Bool[Array, "... E"] | Float[Array, "... E"],
+    weights: Float[Array, "..."] | None = None,
+) -> Float[Array, " E"]:
     """``f_e``: the fraction of routing slots (token, choice) dispatched to expert ``e``
     (``selected`` is 1 on each token's top-k experts; ``sum_e f_e = 1``)."""
     counts = _population_mean(selected.astype(jnp.result_type(float)), weights)
@@ -173,7 +174,7 @@ def switch_loss(
     return E * jnp.sum(f * P)
 
 
-def usage_stats(load: Float[Array, "E"], dead_fraction: float = 0.01) -> dict[str, Array]:
+def usage_stats(load: Float[Array, " E"], dead_fraction: float = 0.01) -> dict[str, Array]:
     """Collapse measures of one layer's expert load ``f`` (``sum_e f_e = 1``):
 
     * ``usage_entropy``: ``-sum_e f_e log f_e`` in nats (``log E`` when balanced, 0 when one
