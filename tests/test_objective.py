@@ -1,0 +1,178 @@
+"""The hybrid objective's terms against independent NumPy/SciPy evaluations, the bridge against
+the model and against ``svflow diagnose``, and the gradient coupling on a tiny model."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from scipy.special import ive, logsumexp
+
+from svflow_jax.objective import (
+    attention_j_var,
+    class_logits,
+    forward_terms,
+    gradient_coupling,
+    j_align,
+    j_var,
+    moe_j_var,
+    population_kl,
+    switch_loss,
+    usage_stats,
+)
+from svflow_jax.transformer import TransformerConfig, TransformerLM
+
+
+def log_c(kappa, d):
+    """log C_d(kappa) by SciPy (exponentially scaled Bessel function)."""
+    nu = d / 2 - 1
+    return nu * np.log(kappa) - d / 2 * np.log(2 * np.pi) - (np.log(ive(nu, kappa)) + kappa)
+
+
+def unit(rng, *shape):
+    x = rng.normal(size=shape)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_j_align_is_cross_entropy_and_normalised_logits_are_vmf_loglik():
+    rng = np.random.default_rng(0)
+    x, eta = unit(rng, 5, 7), rng.normal(size=(4, 7)) * 3
+    targets = rng.integers(0, 4, 5)
+    logits = class_logits(jnp.asarray(x), jnp.asarray(eta))
+    expected = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(targets))
+    np.testing.assert_allclose(j_align(logits, jnp.asarray(targets)), np.mean(expected), rtol=1e-12)
+    w = rng.random(5)
+    np.testing.assert_allclose(j_align(logits, jnp.asarray(targets), jnp.asarray(w)),
+                               np.sum(w * expected) / w.sum(), rtol=1e-12)
+    kappa = np.linalg.norm(eta, axis=-1)
+    ref = log_c(kappa, 7)[None, :] + x @ eta.T
+    np.testing.assert_allclose(class_logits(jnp.asarray(x), jnp.asarray(eta), normalised=True),
+                               ref, rtol=1e-10)
+
+
+def test_j_var_zero_exactly_at_the_true_posterior():
+    rng = np.random.default_rng(1)
+    loglik = jnp.asarray(rng.normal(size=(2, 3, 5, 5)) * 4)
+    context = jnp.tril(jnp.ones((5, 5), bool))
+    from svflow_jax.flow.diagnostics import true_posterior_log
+    log_p = true_posterior_log(loglik, context)
+    assert np.all(np.asarray(j_var(log_p, loglik, context)) == 0.0)
+    other = true_posterior_log(loglik * 0.5, context)
+    assert np.all(np.asarray(j_var(other, loglik, context))[..., 1:] > 1e-3)
+
+
+def test_attention_j_var_against_numpy():
+    rng = np.random.default_rng(2)
+    H, n, d = 2, 4, 6
+    x, eta = unit(rng, n, d), rng.normal(size=(H, n, d)) * 2
+    logits = rng.normal(size=(H, n, n))
+    context = np.tril(np.ones((n, n), bool))
+    probs = np.exp(np.where(context, logits, -np.inf) - logsumexp(
+        np.where(context, logits, -np.inf), axis=-1, keepdims=True))
+    got = attention_j_var(jnp.asarray(probs), jnp.asarray(x), jnp.asarray(eta),
+                          jnp.asarray(context))
+    kl = []
+    for h in range(H):
+        for i in range(n):
+            js = np.arange(i + 1)
+            ll = np.array([log_c(np.linalg.norm(eta[h, j]), d) + eta[h, j] @ x[i] for j in js])
+            logp = ll - logsumexp(ll)  # uniform prior cancels
+            q = probs[h, i, js]
+            kl.append(np.sum(q * (np.log(q) - logp)))
+    np.testing.assert_allclose(got, np.mean(kl), rtol=1e-10)
+
+
+def test_moe_j_var_against_numpy_and_its_kappa_gradient():
+    rng = np.random.default_rng(3)
+    T, E, d = 5, 4, 8
+    x, scores = unit(rng, T, d), rng.normal(size=(T, E, d)) * 2
+    logits = rng.normal(size=(T, E))
+    got = moe_j_var(jnp.asarray(logits), jnp.asarray(x), jnp.asarray(scores))
+    for t in range(T):
+        ll = log_c(np.linalg.norm(scores[t], axis=-1), d) + scores[t] @ x[t]
+        logp = ll - logsumexp(ll)
+        logq = logits[t] - logsumexp(logits[t])
+        np.testing.assert_allclose(got[t], np.sum(np.exp(logq) * (logq - logp)), rtol=1e-10)
+
+    # d J_var / d c at scores * c (every kappa_e scaled by c): jax.grad (exact d log C_d /
+    # d kappa = -A_d) against a central finite difference in float64.
+    def f(c):
+        return jnp.sum(moe_j_var(jnp.asarray(logits), jnp.asarray(x), jnp.asarray(scores) * c))
+
+    h = 1e-5
+    fd = (f(1.3 + h) - f(1.3 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(f)(1.3), fd, rtol=1e-7)
+
+
+def test_population_kl_and_switch_loss_by_hand():
+    logits = np.array([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [3.0, 0.0, 1.0], [0.0, 0.0, 0.5]])
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    qbar = probs.mean(0)
+    np.testing.assert_allclose(population_kl(jnp.asarray(probs)),
+                               np.sum(qbar * np.log(3 * qbar)), rtol=1e-12)
+    # top-1: experts 0, 1, 0, 2 -> f = (1/2, 1/4, 1/4); loss = 3 sum_e f_e P_e.
+    f = np.array([0.5, 0.25, 0.25])
+    np.testing.assert_allclose(switch_loss(jnp.asarray(logits), 1), 3 * np.sum(f * qbar),
+                               rtol=1e-12)
+    # top-2 slots: {0,1},{1,0},{0,2},{2,0} (ties to the lower index) -> counts 4, 2, 2 of 8.
+    np.testing.assert_allclose(switch_loss(jnp.asarray(logits), 2), 3 * np.sum(f * qbar),
+                               rtol=1e-12)
+    # the gradient flows through P only (f is a count): d/dlogits of 3 sum_e f_e P_e.
+    g = jax.grad(lambda a: switch_loss(a, 1))(jnp.asarray(logits))
+    jac = probs[:, :, None] * (np.eye(3)[None] - probs[:, None, :])  # dP_t,e / dlogit_t,k
+    np.testing.assert_allclose(g, 3 * np.einsum("e,tek->tk", f, jac) / 4, rtol=1e-10)
+    balanced = usage_stats(jnp.full((4,), 0.25))
+    assert math.isclose(float(balanced["usage_entropy"]), math.log(4), rel_tol=1e-12)
+    assert float(balanced["max_load"]) == 1.0 and int(balanced["dead"]) == 0
+    collapsed = usage_stats(jnp.asarray([1.0, 0.0, 0.0, 0.0]))
+    assert abs(float(collapsed["usage_entropy"])) < 1e-12
+    assert float(collapsed["max_load"]) == 4.0 and int(collapsed["dead"]) == 3
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    def make(ffn, top_k=2, **kw):
+        extra = dict(n_experts=4, top_k=top_k) if ffn == "moe" else {}
+        cfg = TransformerConfig(d_model=16, n_layers=2, n_heads=2, d_head=8, d_ff=16,
+                                norm_position=kw.pop("norm_position", "pre"), causal=True,
+                                ffn=ffn, vocab_size=20, n_positions=8, **extra, **kw)
+        return TransformerLM(cfg, rngs=nnx.Rngs(0))
+
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 20, (2, 9)))
+    return make, tokens
+
+
+def test_bridge_reproduces_the_model_and_the_diagnose_kl(tiny):
+    from svflow_jax.diagnose.extract import window_diagnostics
+    make, tokens = tiny
+    inputs = tokens[:1, :-1]
+    terms_of = nnx.jit(forward_terms)
+    model = make("moe")
+    logits, t = terms_of(model, inputs)
+    np.testing.assert_allclose(logits, model(inputs), atol=1e-5)
+    summ = window_diagnostics(model, np.asarray(inputs), np.arange(8)[None], scored=8)
+    np.testing.assert_allclose(t.attn_j_var, summ.kl_q_p[:, 0].mean(-1), rtol=2e-3, atol=1e-7)
+    np.testing.assert_allclose(t.attn_entropy, summ.entropy[:, 0].mean(-1), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(t.load).sum(-1), 1.0, rtol=1e-6)
+    dense = make("gelu", norm_position="post", block="parallel")
+    logits, t = terms_of(dense, inputs)
+    np.testing.assert_allclose(logits, dense(inputs), atol=1e-5)
+    assert t.moe_j_var is None and t.load is None
+
+
+def test_coupling_on_a_tiny_model(tiny):
+    make, tokens = tiny
+    c = gradient_coupling(make("moe"), tokens[:, :-1], tokens[:, 1:])
+    for a in (c.attn_cos, c.ffn_cos, c.attn_token_cos, c.ffn_token_cos):
+        assert a.shape == (2,) and np.all(np.abs(a) <= 1 + 1e-6)
+    assert np.all(c.attn_norm_ratio > 0) and np.all(c.ffn_norm_ratio > 0)
+    # top-1 routing renormalised over one expert: the weight is exactly 1, so the posterior
+    # path carries no gradient at all (ratio 0, cosine undefined).
+    c1 = gradient_coupling(make("moe", top_k=1), tokens[:, :-1], tokens[:, 1:])
+    assert np.all(c1.ffn_norm_ratio == 0) and np.all(np.isnan(c1.ffn_cos))
+    # one token: the attention posterior is the constant 1 and moves nothing.
+    c2 = gradient_coupling(make("gelu"), tokens[:, :1], tokens[:, 1:2])
+    assert np.all(c2.attn_norm_ratio == 0) and np.all(np.isnan(c2.ffn_cos))

@@ -1,0 +1,45 @@
+"""Smoke test of ``experiments/objective_moe.py``: a tiny run writes every output and the
+report reads its own numbers back; bad options exit with status 2."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "experiments" / "objective_moe.py"
+
+
+def _run(*args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def test_quick_subset_writes_report(tmp_path):
+    out = tmp_path / "r"
+    proc = _run("--quick", "--out", str(out), "--methods", "none", "switch", "--steps", "2",
+                "--dense-methods", "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("config.json", "runs.jsonl", "curves.csv", "final.csv", "table.csv",
+                 "summary.json", "report.md", "usage_entropy.png", "coupling_attn.png"):
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"] == 2 and summary["quick"]
+    table = summary["table"]
+    assert set(table) == {"moe top-1 / none", "moe top-1 / switch"}
+    h = table["moe top-1 / none"]["usage_entropy_norm"]["mean"]
+    assert 0.0 <= h <= 1.0 + 1e-9
+    assert "QUICK" in (out / "report.md").read_text()
+    # --report-only reads runs.jsonl back without training
+    again = _run("--quick", "--out", str(out), "--report-only", "--no-progress")
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--coef", "-1"], ["--methods", "bogus"]])
+def test_bad_options_exit_2(tmp_path, bad):
+    proc = _run("--quick", "--out", str(tmp_path), *bad)
+    assert proc.returncode == 2
