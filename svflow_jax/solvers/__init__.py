@@ -45,9 +45,10 @@ and an error (never a silently wrong state) when the solve fails, e.g. by runnin
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
 the discrete steps themselves, recomputing them from checkpoints, or, for fixed-step solves,
 :class:`StoredAdjoint` (:mod:`.adjoint`), which stores the forward pass instead (no field
-evaluation in the backward pass; memory for every stage of every step). :class:`diffrax.BacksolveAdjoint` solves the continuous adjoint
-ODE backwards in the ambient space and does not know about the retraction: its gradients are
-not those of the retracted discretisation, so :func:`solve` refuses it.
+evaluation in the backward pass; memory for every stage of every step).
+:class:`diffrax.BacksolveAdjoint` solves the continuous adjoint ODE backwards in the ambient
+space and does not know about the retraction: its gradients are not those of the retracted
+discretisation, so :func:`solve` refuses it.
 """
 
 from ._interpolation import (
