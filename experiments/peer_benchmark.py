@@ -511,6 +511,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few rounds")
     parser.add_argument("--rounds", type=int, default=None, help="default 14 (quick: 2)")
     parser.add_argument("--min-sample", type=float, default=None)
+    parser.add_argument("--sizes", default=None, help="e.g. 32x64,256x256 (default: the mode's)")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--no-memory", action="store_true", help="skip the memory workers")
@@ -523,6 +524,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.min_sample is not None and args.min_sample < 0:
         parser.error(f"--min-sample must be >= 0, got {args.min_sample}")
+    if args.sizes is not None:
+        try:
+            args.sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+        except ValueError:
+            args.sizes = None
+        if not args.sizes or any(len(s) != 2 or s[0] < 1 or s[1] < N_HEADS or s[1] % N_HEADS
+                                 for s in args.sizes):
+            parser.error(f"--sizes must be NxD pairs with D a multiple of {N_HEADS}")
     args.dtypes = [s for s in args.dtypes.split(",") if s]
     args.cases = [s for s in args.cases.split(",") if s]
     if not args.dtypes or set(args.dtypes) - set(DTYPES):
@@ -549,6 +558,8 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     mode = "quick" if args.quick else "full"
     cfg = dict(MODES[mode])
+    if args.sizes:
+        cfg["sizes"] = args.sizes
     rounds = args.rounds or cfg["rounds"]
     min_sample = cfg["min_sample"] if args.min_sample is None else args.min_sample
     frameworks = ("jax",) if args.jax_only else ("jax", "torch")

@@ -26,7 +26,7 @@ HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "tor
 @pytest.mark.parametrize(
     "argv",
     [["--rounds", "0"], ["--dtypes", "float16"], ["--cases", "nope"], ["--min-sample", "-1"],
-     ["--dtypes", ""]],
+     ["--dtypes", ""], ["--sizes", "8x6"], ["--sizes", "8"], ["--sizes", "ax16"]],
 )
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit):
@@ -37,6 +37,7 @@ def test_arguments_defaults():
     args = peer_benchmark.parse_args(["--quick"])
     assert args.dtypes == ["float32", "float64"] and args.cases == list(peer_benchmark.CASES)
     assert set(peer_benchmark.GRADIENT_CASES) <= set(peer_benchmark.CASES)
+    assert peer_benchmark.parse_args(["--sizes", "8x16,32x64"]).sizes == [(8, 16), (32, 64)]
 
 
 def _run(tmp_path, *argv) -> dict:
