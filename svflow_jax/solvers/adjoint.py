@@ -20,8 +20,8 @@ backward pass (XLA's compiled temporary memory for the RK4 gradient at ``n = 32,
 64 steps, float64: about 1.1 MiB by default, 2.7 MiB with ``checkpoints = 64``, 105 MiB
 stored; at ``n = d = 256``: 35 MiB, 88 MiB and 3.3 GiB). Choose per use:
 
-* training a layer design (tens of steps, a batch that fits): ``StoredAdjoint()``, the
-  fastest gradient;
+* training a layer design (tens of steps, a batch whose residuals fit in memory):
+  ``StoredAdjoint()``, no recomputation (for RK4 a quarter of the default's evaluations);
 * long verification sweeps (hundreds or thousands of steps, large ``n``): the default
   :class:`diffrax.RecursiveCheckpointAdjoint`, whose memory grows like the logarithm of the
   number of steps.
