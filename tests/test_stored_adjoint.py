@@ -113,3 +113,27 @@ def test_backsolve_still_refused():
     with pytest.raises(ValueError, match="BacksolveAdjoint"):
         solve(AttentionField(params), y0, 0.0, 1.0, solver=RetractedEuler(), num_steps=4,
               adjoint=diffrax.BacksolveAdjoint())
+
+
+def test_stored_gradient_with_splitting_and_dense_saves():
+    """A splitting of two fields (LieTrotter) and SaveAt(ts=...) (diffrax's inner loop)."""
+    from svflow_jax.solvers import LieTrotter
+
+    params, y0 = _problem()
+    other = AttentionParams.random(jax.random.PRNGKey(2), D, H, D // H)
+    weights = jnp.arange(D, dtype=y0.dtype)
+    setups = [
+        (LieTrotter(RetractedEuler()), lambda p: (AttentionField(p), AttentionField(other)), {}),
+        (Retracted(RK4()), AttentionField,
+         dict(saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 5)))),
+    ]
+    for solver, field, kw in setups:
+        def loss(p, adjoint, solver=solver, field=field, kw=kw):
+            sol = solve(field(p), y0, 0.0, 1.0, solver=solver, num_steps=STEPS,
+                        adjoint=adjoint, **kw)
+            return jnp.sum(sol.ys ** 2 * weights)
+
+        a = jax.grad(loss)(params, diffrax.RecursiveCheckpointAdjoint())
+        b = jax.grad(loss)(params, StoredAdjoint())
+        for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(a), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-13)
