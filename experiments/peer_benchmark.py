@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> dict:
         "schema": 1,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "mode": mode, "jax_only": args.jax_only,
-        "settings": {"rounds": rounds, "min_sample_s": min_sample, **cfg,
+        "settings": {**cfg, "rounds": rounds, "min_sample_s": min_sample,
                      "tolerances": {f"{k}/{t}": v for (k, t), v in TOLERANCES.items()},
                      "torch_threads": os.environ.get("PEER_TORCH_THREADS", os.cpu_count()),
                      "xla_flags": os.environ.get("XLA_FLAGS", "")},
