@@ -43,9 +43,12 @@ and an error (never a silently wrong state) when the solve fails, e.g. by runnin
 ``svflow verify``, ``svflow sweep`` and the notebooks.
 
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
-the discrete steps themselves. :class:`diffrax.BacksolveAdjoint` solves the continuous adjoint
-ODE backwards in the ambient space and does not know about the retraction: its gradients are
-not those of the retracted discretisation, so :func:`solve` refuses it.
+the discrete steps themselves, recomputing them from checkpoints, or, for fixed-step solves,
+:class:`StoredAdjoint` (:mod:`.adjoint`), which stores the forward pass instead (no field
+evaluation in the backward pass; memory for every stage of every step).
+:class:`diffrax.BacksolveAdjoint` solves the continuous adjoint ODE backwards in the ambient
+space and does not know about the retraction: its gradients are not those of the retracted
+discretisation, so :func:`solve` refuses it.
 """
 
 from ._interpolation import (
@@ -53,6 +56,7 @@ from ._interpolation import (
     RetractedInterpolation,
     RetractedLinearInterpolation,
 )
+from .adjoint import StoredAdjoint
 from .base import AbstractSphereSolver, within_step
 from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
@@ -80,6 +84,7 @@ __all__ = [
     "RetractedInterpolation",
     "within_step",
     "SolveError",
+    "StoredAdjoint",
     "solve",
     "stays_on_sphere",
     "SolverSpec",

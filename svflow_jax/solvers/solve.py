@@ -30,6 +30,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from svflow_jax import sphere
 
+from .adjoint import StoredAdjoint
 from .splitting import AbstractSplitting
 
 __all__ = ["SolveError", "solve", "stays_on_sphere", "time_value"]
@@ -286,8 +287,11 @@ def solve(
       set to ``num_steps``), or an adaptive ``stepsize_controller`` with ``dt0=None``.
     * Times (``t0``, ``t1``, ``dt0``, ``SaveAt(ts=...)``) are cast to ``y0``'s dtype, so a
       float32 state stays float32 even under ``jax_enable_x64`` with Python-float times.
-    * ``adjoint`` defaults to :class:`diffrax.RecursiveCheckpointAdjoint`;
-      :class:`diffrax.BacksolveAdjoint` is refused (it ignores the retraction).
+    * ``adjoint`` defaults to :class:`diffrax.RecursiveCheckpointAdjoint` (checkpoints, memory
+      ~ log(steps), recomputes the steps in the backward pass: long verification sweeps);
+      :class:`StoredAdjoint` (with ``num_steps`` only) stores the forward pass and evaluates
+      no field in the backward pass, at the price of memory for every stage of every step
+      (training); :class:`diffrax.BacksolveAdjoint` is refused (it ignores the retraction).
     * ``saveat`` defaults to ``SaveAt(t1=True)``.
 
     Never returns a wrong state silently: if the solve hits ``max_steps`` or fails, it raises
@@ -374,6 +378,12 @@ def solve(
 
     if adjoint is None:
         adjoint = diffrax.RecursiveCheckpointAdjoint()
+    if isinstance(adjoint, StoredAdjoint) and num_steps is None:
+        raise ValueError(
+            "StoredAdjoint is for fixed-step solves: give num_steps (with an adaptive "
+            "controller or dt0 it would run all max_steps iterations); for those use "
+            "diffrax.RecursiveCheckpointAdjoint (the default)"
+        )
     if isinstance(adjoint, diffrax.BacksolveAdjoint):
         raise ValueError(
             "BacksolveAdjoint solves the continuous adjoint in the ambient space and ignores the "

@@ -1,0 +1,708 @@
+"""Peer benchmark: the project (JAX, diffrax, Flax NNX) against PyTorch and torchdiffeq.
+
+Run by hand on a quiet machine (it is not a test: timings on a shared machine are noise)::
+
+    pip install -e '.[peer]'                  # torch and torchdiffeq
+    python experiments/peer_benchmark.py [--quick] [--rounds 14] [--out results/peer]
+
+Protocol
+--------
+* One long-lived worker process per framework (this script with ``--worker jax`` or
+  ``--worker torch``), driven by the main process over stdin/stdout, one JSON line each way.
+  The workers never run at the same time.
+* The same weights in both (drawn once in float64 by the main process, written to an ``.npz``
+  file, cast by each worker to the dtype under test).
+* Agreement before timing: each worker computes every case once and writes its outputs (final
+  states, gradients, updated weights); the main process compares them (relative max error,
+  ``max |a - b| / max |b|``) against the tolerances in :data:`TOLERANCES` and refuses to time a
+  case that disagrees.
+* Then ``--rounds`` rounds (default 14). In each round every case is timed in both workers, the
+  worker that goes first alternating from round to round; one sample is the mean of ``number``
+  calls (each waited for), ``number`` chosen at warm-up so that a sample lasts at least
+  ``--min-sample`` seconds. Reported: the median sample per framework and the ratio
+  ``torch / project`` of the medians (above 1: the project is faster).
+* Peak memory of the gradient cases: in a fresh worker per case, the growth of the process's
+  peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) over one call, after
+  everything was built and (for JAX) compiled; it counts what the call allocates on top of the
+  process's previous peak, so it is a lower bound of the call's working memory. For JAX the
+  compiled program's temporary buffer size (``compiled.memory_analysis()``) is reported too.
+
+Cases (the field: :class:`svflow_jax.flow.AttentionField` with
+:meth:`AttentionParams.random`, ``H = 4`` heads of width ``d / 4``, non-causal; the torch side
+implements the identical field, softmax posterior, expected natural parameter, tangent
+projection; loss of the gradient cases: ``sum(y(1) * w)`` for a fixed random ``w``, gradient
+with respect to all field parameters):
+
+================  ==============================================  =============================
+case              project                                          torch
+================  ==============================================  =============================
+fwd_euler         ``solve``, ``RetractedEuler()``, 64 steps         the same loop, eager
+fwd_rk4           ``solve``, ``Retracted(RK4())``, 64 steps         the same retracted RK4, eager
+fwd_dopri5        ``Retracted(Dopri5())``, PID rtol = atol = 1e-6   ``torchdiffeq.odeint`` dopri5
+grad_rk4          default ``RecursiveCheckpointAdjoint``            backprop through the loop
+grad_rk4_stored   ``StoredAdjoint()`` (stores, no recomputation)   backprop through the loop
+grad_dopri5       default ``RecursiveCheckpointAdjoint``            backprop through odeint
+grad_dopri5_adj   default ``RecursiveCheckpointAdjoint``            ``odeint_adjoint``
+transformer_fwd   Flax NNX ``Transformer`` forward                  the same model, eager
+train_step        one SGD step of that model (jitted)               one SGD step, eager
+================  ==============================================  =============================
+
+The Transformer is ``experiments/benchmark.py``'s (post-norm, projected branches, sequential
+block, causal, exact GELU, ``d_ff = 4 d``), ``L`` layers, loss ``mean(out * target)``.
+torchdiffeq integrates the ambient ODE ``y' = f(R(y))`` and the output is retracted at the end;
+the project retracts after every step: the two agree to the solve's tolerance, not to
+round-off (stated tolerance). Sizes ``(n, d) = (32, 64), (256, 256)``, float32 and float64.
+
+Output: ``OUT/peer_benchmark.json`` (settings, machine, per size/dtype/case: agreement, medians,
+samples, ratio, memory) and ``OUT/peer_benchmark.md`` (the table of ratios, then memory).
+``--quick``: tiny sizes, 8 steps, 2 rounds (what the test runs). ``--jax-only``: no torch
+worker; agreement and timing of the project's side alone (runs without torch installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+N_HEADS = 4
+CASES = (
+    "fwd_euler", "fwd_rk4", "fwd_dopri5", "grad_rk4", "grad_rk4_stored", "grad_dopri5",
+    "grad_dopri5_adj", "transformer_fwd", "train_step",
+)
+GRADIENT_CASES = ("grad_rk4", "grad_rk4_stored", "grad_dopri5", "grad_dopri5_adj", "train_step")
+DTYPES = ("float32", "float64")
+MODES = {
+    #        sizes (n, d)            steps  layers  rounds  min_sample  dopri5 tol
+    "full": dict(sizes=[(32, 64), (256, 256)], steps=64, layers=16, rounds=14, min_sample=0.05,
+                 tol=1e-6),
+    "quick": dict(sizes=[(8, 16)], steps=8, layers=2, rounds=2, min_sample=0.0, tol=1e-6),
+}
+# Relative max error allowed between the two frameworks, per (kind of case, dtype).
+TOLERANCES = {
+    ("fixed", "float64"): 1e-10, ("fixed", "float32"): 1e-4,
+    ("adaptive", "float64"): 1e-4, ("adaptive", "float32"): 1e-3,
+    ("adjoint", "float64"): 1e-3, ("adjoint", "float32"): 1e-2,
+}
+LR = 0.1
+
+
+def case_kind(case: str) -> str:
+    if case == "grad_dopri5_adj":
+        return "adjoint"
+    return "adaptive" if "dopri5" in case else "fixed"
+
+
+# --------------------------------------------------------------------------------------------
+# Shared inputs (main process)
+# --------------------------------------------------------------------------------------------
+
+
+def make_inputs(n: int, d: int, layers: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Float64 weights and data of one size, as flat ``name -> array`` (``field/...``,
+    ``tf/...``)."""
+    rng = np.random.default_rng(seed)
+    k = d // N_HEADS
+    std_in, std_out = 1 / math.sqrt(d), 1 / math.sqrt(N_HEADS * k)
+    out = {
+        "field/kernel_query": std_in * rng.standard_normal((d, N_HEADS, k)),
+        "field/kernel_key": std_in * rng.standard_normal((d, N_HEADS, k)),
+        "field/concentration": np.ones(N_HEADS),
+        "field/natural_in": std_in * rng.standard_normal((d, N_HEADS, k)),
+        "field/natural_out": std_out * rng.standard_normal((N_HEADS, k, d)),
+    }
+    y0 = rng.standard_normal((n, d))
+    out["y0"] = y0 / np.linalg.norm(y0, axis=-1, keepdims=True)
+    out["w"] = rng.standard_normal((n, d))
+    sys.path.insert(0, str(HERE))
+    import benchmark  # noqa: E402  (experiments/benchmark.py: the Transformer's config)
+
+    cfg = benchmark.make_config(d, layers, "float64")
+    for name, a in benchmark.random_params(cfg, seed + 1).items():
+        out[f"tf/{name}"] = a
+    out["x"] = rng.standard_normal((n, d))
+    out["target"] = rng.standard_normal((n, d))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The project's side
+# --------------------------------------------------------------------------------------------
+
+
+def jax_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int, tol: float):
+    """``case -> (function, args)``: jitted functions of the project, in ``dtype``."""
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from svflow_jax.flow import AttentionField
+    from svflow_jax.flow.attention import AttentionParams
+    from svflow_jax.solvers import RK4, Retracted, RetractedEuler, StoredAdjoint, solve
+    from svflow_jax.transformer import Transformer, layer_params
+
+    sys.path.insert(0, str(HERE))
+    import benchmark  # noqa: E402
+
+    dt = jnp.dtype(dtype)
+    params = AttentionParams(**{
+        k.split("/", 1)[1]: jnp.asarray(v, dt) for k, v in inputs.items()
+        if k.startswith("field/")
+    })
+    y0, w = jnp.asarray(inputs["y0"], dt), jnp.asarray(inputs["w"], dt)
+    pid = diffrax.PIDController(rtol=tol, atol=tol)
+
+    def final(p, solver, **kw):
+        sol = solve(AttentionField(p), y0, 0.0, 1.0, solver=solver, throw=False, **kw)
+        return sol.ys[-1]
+
+    def loss(p, solver, **kw):
+        return jnp.sum(final(p, solver, **kw) * w)
+
+    rk4 = Retracted(RK4())
+    dopri = Retracted(diffrax.Dopri5())
+    fns = {
+        "fwd_euler": lambda p: final(p, RetractedEuler(), num_steps=steps),
+        "fwd_rk4": lambda p: final(p, rk4, num_steps=steps),
+        "fwd_dopri5": lambda p: final(p, dopri, stepsize_controller=pid),
+        "grad_rk4": jax.grad(lambda p: loss(p, rk4, num_steps=steps)),
+        "grad_rk4_stored": jax.grad(
+            lambda p: loss(p, rk4, num_steps=steps, adjoint=StoredAdjoint())),
+        "grad_dopri5": jax.grad(lambda p: loss(p, dopri, stepsize_controller=pid)),
+    }
+    fns["grad_dopri5_adj"] = fns["grad_dopri5"]
+    cases = {name: (jax.jit(f), (params,)) for name, f in fns.items()}
+
+    cfg = benchmark.make_config(inputs["y0"].shape[-1], layers, dt)
+    tf = {k.split("/", 1)[1]: jnp.asarray(v, dt) for k, v in inputs.items()
+          if k.startswith("tf/")}
+    model = Transformer.from_layer_params(cfg, tf)
+    graphdef, state = nnx.split(model)
+    x, target = jnp.asarray(inputs["x"], dt), jnp.asarray(inputs["target"], dt)
+
+    def forward(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    def train_step(state, x, target):
+        def tf_loss(state):
+            return jnp.mean(forward(state, x) * target)
+
+        value, grads = jax.value_and_grad(tf_loss)(state)
+        return value, jax.tree.map(lambda p, g: p - LR * g, state, grads)
+
+    cases["transformer_fwd"] = (jax.jit(forward), (state, x))
+    cases["train_step"] = (jax.jit(train_step), (state, x, target))
+
+    def outputs(case, out):
+        """Comparable outputs as ``name -> float64 array``."""
+        if case.startswith("grad"):
+            return {f"d_{k}": np.asarray(getattr(out, k), np.float64)
+                    for k in ("kernel_query", "kernel_key", "concentration", "natural_in",
+                              "natural_out")}
+        if case == "train_step":
+            value, new_state = out
+            new = layer_params(nnx.merge(graphdef, new_state))
+            return {"loss": np.asarray(value, np.float64),
+                    **{f"new_{k}": np.asarray(v, np.float64) for k, v in new.items()}}
+        return {"y": np.asarray(out, np.float64)}
+
+    return cases, outputs
+
+
+# --------------------------------------------------------------------------------------------
+# The torch side
+# --------------------------------------------------------------------------------------------
+
+
+def torch_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int, tol: float):
+    """``case -> (function, args)``: the same computations in PyTorch eager + torchdiffeq."""
+    import torch
+    import torchdiffeq
+
+    dt = getattr(torch, dtype)
+
+    def tensor(a, grad=False):
+        return torch.tensor(np.asarray(a), dtype=dt, requires_grad=grad)
+
+    names = ("kernel_query", "kernel_key", "concentration", "natural_in", "natural_out")
+    y0, w = tensor(inputs["y0"]), tensor(inputs["w"])
+
+    def retract(y):
+        return y / torch.linalg.norm(y, dim=-1, keepdim=True)
+
+    def field(p, y):
+        """The project's AttentionField: softmax posterior, expected natural parameter,
+        tangent projection (svflow_jax/flow/attention.py)."""
+        A, B, kappa, N, M = (p[k] for k in names)
+        a = torch.einsum("nd,dhk->hnk", y, A) * kappa[:, None, None]
+        b = torch.einsum("nd,dhk->hnk", y, B)
+        q = torch.softmax(torch.einsum("hik,hjk->hij", a, b), dim=-1)
+        hidden = torch.einsum("nd,dhr->hnr", y, N)
+        u = torch.einsum("hir,hrd->id", torch.einsum("hij,hjr->hir", q, hidden), M)
+        return u - torch.sum(y * u, -1, keepdim=True) * y
+
+    def euler(p):
+        y, h = y0, 1.0 / steps
+        for _ in range(steps):
+            y = retract(y + h * field(p, y))
+        return y
+
+    def rk4(p):
+        """``Retracted(RK4())``: stages read at ``R(stage state)``, output retracted."""
+        y, h = y0, 1.0 / steps
+        for _ in range(steps):
+            k1 = field(p, y)
+            k2 = field(p, retract(y + 0.5 * h * k1))
+            k3 = field(p, retract(y + 0.5 * h * k2))
+            k4 = field(p, retract(y + h * k3))
+            y = retract(y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4))
+        return y
+
+    class Func(torch.nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.p = torch.nn.ParameterDict({k: torch.nn.Parameter(v) for k, v in p.items()})
+
+        def forward(self, t, y):
+            return field(self.p, retract(y))
+
+    ts = torch.tensor([0.0, 1.0], dtype=dt)
+
+    def dopri(p):
+        y1 = torchdiffeq.odeint(lambda t, y: field(p, retract(y)), y0, ts, method="dopri5",
+                                rtol=tol, atol=tol)[-1]
+        return retract(y1)
+
+    def params(grad):
+        return {k: tensor(inputs[f"field/{k}"], grad) for k in names}
+
+    def gradient(run):
+        def fn():
+            p = params(True)
+            return torch.autograd.grad(torch.sum(run(p) * w), [p[k] for k in names])
+        return fn
+
+    def grad_adjoint():
+        f = Func(params(False))
+        y1 = retract(torchdiffeq.odeint_adjoint(f, y0, ts, method="dopri5", rtol=tol,
+                                                atol=tol)[-1])
+        return torch.autograd.grad(torch.sum(y1 * w), [f.p[k] for k in names])
+
+    fixed = params(False)
+    cases = {
+        "fwd_euler": (lambda: euler(fixed), ()),
+        "fwd_rk4": (lambda: rk4(fixed), ()),
+        "fwd_dopri5": (lambda: dopri(fixed), ()),
+        "grad_rk4": (gradient(rk4), ()),
+        "grad_rk4_stored": (gradient(rk4), ()),
+        "grad_dopri5": (gradient(dopri), ()),
+        "grad_dopri5_adj": (grad_adjoint, ()),
+    }
+
+    # The Transformer: experiments/benchmark.py's make_reference, in torch.
+    d = inputs["y0"].shape[-1]
+    k_head, h = d // N_HEADS, 1.0 / layers
+    tf_names = ("wq", "wk", "wv", "wo", "w_in", "w_out")
+
+    def norm(x):
+        return x / torch.sqrt(torch.mean(x * x, -1, keepdim=True))
+
+    def tangent(x, u):
+        return u - (torch.sum(x * u, -1, keepdim=True) / torch.sum(x * x, -1, keepdim=True)) * x
+
+    def transformer(weights, x):
+        n = x.shape[0]
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        x = norm(x)
+        for layer in range(layers):
+            wq, wk, wv, wo, w_in, w_out = (weights[k][layer] for k in tf_names)
+            q = torch.einsum("nd,dhk->hnk", x, wq)
+            kk = torch.einsum("nd,dhk->hnk", x, wk)
+            v = torch.einsum("nd,dhk->hnk", x, wv)
+            s = torch.einsum("hqk,hsk->hqs", q, kk) / math.sqrt(k_head)
+            s = torch.where(causal, s, torch.finfo(x.dtype).min)
+            o = torch.einsum("hqs,hsk->hqk", torch.softmax(s, -1), v)
+            x = norm(x + h * tangent(x, torch.einsum("hqk,hkd->qd", o, wo)))
+            ffn = torch.nn.functional.gelu(x @ w_in) @ w_out
+            x = norm(x + h * tangent(x, ffn))
+        return x
+
+    tf = {k: tensor(inputs[f"tf/{k}"], True) for k in tf_names}
+    x, target = tensor(inputs["x"]), tensor(inputs["target"])
+
+    def tf_forward():
+        with torch.no_grad():
+            return transformer(tf, x)
+
+    def train_step():
+        loss = torch.mean(transformer(tf, x) * target)
+        grads = torch.autograd.grad(loss, [tf[k] for k in tf_names])
+        with torch.no_grad():
+            new = {k: tf[k] - LR * g for k, g in zip(tf_names, grads, strict=True)}
+        return loss.detach(), new
+
+    cases["transformer_fwd"] = (tf_forward, ())
+    cases["train_step"] = (train_step, ())
+
+    def outputs(case, out):
+        if case.startswith("grad"):
+            return {f"d_{k}": g.detach().double().numpy() for k, g in zip(names, out,
+                                                                          strict=True)}
+        if case == "train_step":
+            value, new = out
+            return {"loss": value.double().numpy(),
+                    **{f"new_{k}": v.double().numpy() for k, v in new.items()}}
+        return {"y": out.detach().double().numpy()}
+
+    return cases, outputs
+
+
+# --------------------------------------------------------------------------------------------
+# Worker: build the cases of one (size, dtype), answer commands on stdin
+# --------------------------------------------------------------------------------------------
+
+
+def _maxrss_bytes() -> int:
+    scale = 1 if sys.platform == "darwin" else 1024  # Linux reports KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def _block(framework, out):
+    if framework == "jax":
+        import jax
+
+        return jax.block_until_ready(out)
+    return out
+
+
+def worker(framework: str) -> None:
+    """Answer JSON commands, one per line on stdin: ``setup``, ``outputs``, ``calibrate``,
+    ``time``, ``memory``."""
+    if framework == "jax":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    else:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("PEER_TORCH_THREADS", os.cpu_count() or 1)))
+    built: dict[str, tuple] = {}
+    make = jax_cases if framework == "jax" else torch_cases
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op, key = cmd["op"], cmd.get("key")
+        reply: dict = {"ok": True}
+        try:
+            if op == "setup":
+                inputs = dict(np.load(cmd["inputs"]))
+                built[key] = make(inputs, cmd["dtype"], cmd["steps"], cmd["layers"], cmd["tol"])
+            elif op == "outputs":  # run every case once (compiles), write the outputs
+                cases, outputs = built[key]
+                arrays, compile_s = {}, {}
+                for case in cmd["cases"]:
+                    fn, args = cases[case]
+                    t0 = time.perf_counter()
+                    out = _block(framework, fn(*args))
+                    compile_s[case] = time.perf_counter() - t0
+                    for name, a in outputs(case, out).items():
+                        arrays[f"{case}/{name}"] = a
+                np.savez(cmd["path"], **arrays)
+                reply["first_call_s"] = compile_s
+            elif op == "calibrate":  # calls per sample for min_sample seconds
+                fn, args = built[key][0][cmd["case"]]
+                t0 = time.perf_counter()
+                _block(framework, fn(*args))
+                once = time.perf_counter() - t0
+                reply["number"] = max(1, math.ceil(cmd["min_sample"] / max(once, 1e-9)))
+            elif op == "time":
+                fn, args = built[key][0][cmd["case"]]
+                t0 = time.perf_counter()
+                for _ in range(cmd["number"]):
+                    _block(framework, fn(*args))
+                reply["seconds"] = (time.perf_counter() - t0) / cmd["number"]
+            elif op == "memory":  # fresh worker: build, compile, then one call
+                inputs = dict(np.load(cmd["inputs"]))
+                cases, _ = make(inputs, cmd["dtype"], cmd["steps"], cmd["layers"], cmd["tol"])
+                fn, args = cases[cmd["case"]]
+                if framework == "jax":
+                    compiled = fn.lower(*args).compile()
+                    analysis = compiled.memory_analysis()
+                    reply["xla_temp_bytes"] = int(analysis.temp_size_in_bytes)
+                    fn = compiled
+                before = _maxrss_bytes()
+                _block(framework, fn(*args))
+                reply["peak_rss_delta_bytes"] = _maxrss_bytes() - before
+            elif op == "quit":
+                break
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except Exception as exc:  # reported to the main process, which raises
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+
+
+class Worker:
+    """A worker subprocess and its JSON line protocol."""
+
+    def __init__(self, framework: str):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
+        self.framework = framework
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", framework],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+
+    def __call__(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.framework} worker died (command {cmd['op']})")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise RuntimeError(f"{self.framework} worker, {cmd['op']}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+# --------------------------------------------------------------------------------------------
+# Main: agreement, alternating rounds, memory, JSON and markdown
+# --------------------------------------------------------------------------------------------
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(b))) or 1.0
+    return float(np.max(np.abs(a - b))) / scale
+
+
+def agreement(jax_out: dict, torch_out: dict, dtype: str, cases=CASES) -> dict[str, dict]:
+    """Per case: the largest relative error over its outputs, the tolerance, ok."""
+    result = {}
+    for case in cases:
+        keys = [k for k in jax_out if k.startswith(case + "/")]
+        err = max(relative_error(jax_out[k], torch_out[k]) for k in keys)
+        tol = TOLERANCES[(case_kind(case), dtype)]
+        result[case] = {"relative_error": err, "tolerance": tol, "ok": bool(err <= tol)}
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, few rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="default 14 (quick: 2)")
+    parser.add_argument("--min-sample", type=float, default=None)
+    parser.add_argument("--sizes", default=None, help="e.g. 32x64,256x256 (default: the mode's)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory workers")
+    parser.add_argument("--jax-only", action="store_true",
+                        help="the project's side alone (no torch needed)")
+    parser.add_argument("--out", default="results/peer")
+    parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.min_sample is not None and args.min_sample < 0:
+        parser.error(f"--min-sample must be >= 0, got {args.min_sample}")
+    if args.sizes is not None:
+        try:
+            args.sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+        except ValueError:
+            args.sizes = None
+        if not args.sizes or any(len(s) != 2 or s[0] < 1 or s[1] < N_HEADS or s[1] % N_HEADS
+                                 for s in args.sizes):
+            parser.error(f"--sizes must be NxD pairs with D a multiple of {N_HEADS}")
+    args.dtypes = [s for s in args.dtypes.split(",") if s]
+    args.cases = [s for s in args.cases.split(",") if s]
+    if not args.dtypes or set(args.dtypes) - set(DTYPES):
+        parser.error(f"--dtypes must be among {DTYPES}, got {args.dtypes}")
+    if not args.cases or set(args.cases) - set(CASES):
+        parser.error(f"--cases must be among {CASES}, got {args.cases}")
+    return args
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    try:
+        info["load_average_at_start"] = os.getloadavg()
+    except OSError:
+        pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return {}
+    mode = "quick" if args.quick else "full"
+    cfg = dict(MODES[mode])
+    if args.sizes:
+        cfg["sizes"] = args.sizes
+    rounds = args.rounds or cfg["rounds"]
+    min_sample = cfg["min_sample"] if args.min_sample is None else args.min_sample
+    frameworks = ("jax",) if args.jax_only else ("jax", "torch")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    workers = {fw: Worker(fw) for fw in frameworks}
+    versions = {}
+    runs = []
+    try:
+        for n, d in cfg["sizes"]:
+            inputs_path = out_dir / f"inputs_n{n}_d{d}.npz"
+            np.savez(inputs_path, **make_inputs(n, d, cfg["layers"]))
+            for dtype in args.dtypes:
+                key = f"{n}x{d}/{dtype}"
+                common = dict(inputs=str(inputs_path), dtype=dtype, steps=cfg["steps"],
+                              layers=cfg["layers"], tol=cfg["tol"])
+                outs, first = {}, {}
+                for fw, wk in workers.items():
+                    wk(op="setup", key=key, **common)
+                    path = out_dir / f"outputs_{fw}_n{n}_d{d}_{dtype}.npz"
+                    first[fw] = wk(op="outputs", key=key, path=str(path),
+                                   cases=args.cases)["first_call_s"]
+                    outs[fw] = dict(np.load(path))
+                agree = (agreement(outs["jax"], outs["torch"], dtype, args.cases)
+                         if "torch" in outs
+                         else {c: {"ok": True, "relative_error": None} for c in args.cases})
+                timed = [c for c in args.cases if agree[c]["ok"]]
+                number = {(fw, c): wk(op="calibrate", key=key, case=c,
+                                      min_sample=min_sample)["number"]
+                          for fw, wk in workers.items() for c in timed}
+                samples = {(fw, c): [] for fw in frameworks for c in timed}
+                for r in range(rounds):
+                    order = frameworks if r % 2 == 0 else frameworks[::-1]
+                    for c in timed:
+                        for fw in order:
+                            samples[fw, c].append(workers[fw](
+                                op="time", key=key, case=c, number=number[fw, c])["seconds"])
+                cases = {}
+                for c in args.cases:
+                    entry = {"agreement": agree[c]}
+                    if c in timed:
+                        med = {fw: statistics.median(samples[fw, c]) for fw in frameworks}
+                        entry.update(
+                            median_s=med, number=number_of(number, c, frameworks),
+                            samples_s={fw: samples[fw, c] for fw in frameworks},
+                            first_call_s={fw: first[fw][c] for fw in frameworks},
+                        )
+                        if "torch" in med:
+                            entry["ratio_torch_over_project"] = med["torch"] / med["jax"]
+                    cases[c] = entry
+                if not args.no_memory:
+                    for c in (c for c in args.cases if c in GRADIENT_CASES):
+                        cases[c]["memory"] = {}
+                        for fw in frameworks:
+                            wk = Worker(fw)
+                            try:
+                                cases[c]["memory"][fw] = wk(op="memory", case=c, **common)
+                            finally:
+                                wk.close()
+                runs.append({"n": n, "d": d, "dtype": dtype, "cases": cases})
+    finally:
+        for wk in workers.values():
+            wk.close()
+
+    for fw in frameworks:
+        versions.update(_versions(fw))
+    result = {
+        "schema": 1,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "mode": mode, "jax_only": args.jax_only,
+        "settings": {**cfg, "rounds": rounds, "min_sample_s": min_sample,
+                     "tolerances": {f"{k}/{t}": v for (k, t), v in TOLERANCES.items()},
+                     "torch_threads": os.environ.get("PEER_TORCH_THREADS", os.cpu_count()),
+                     "xla_flags": os.environ.get("XLA_FLAGS", "")},
+        "machine": machine(), "versions": versions, "runs": runs,
+        "summary": {"agreement_ok": all(e["agreement"]["ok"] for r in runs
+                                        for e in r["cases"].values())},
+    }
+    (out_dir / "peer_benchmark.json").write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    (out_dir / "peer_benchmark.md").write_text(table)
+    print(table)
+    return result
+
+
+def number_of(number: dict, case: str, frameworks) -> dict:
+    return {fw: number[fw, case] for fw in frameworks}
+
+
+def _versions(framework: str) -> dict:
+    code = ("import json, jax, diffrax, flax; print(json.dumps({'jax': jax.__version__, "
+            "'diffrax': diffrax.__version__, 'flax': flax.__version__}))"
+            if framework == "jax" else
+            "import json, torch, importlib.metadata as m; print(json.dumps({'torch': "
+            "torch.__version__, 'torchdiffeq': m.version('torchdiffeq')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def markdown(result: dict) -> str:
+    """Ratios torch / project per case (columns: size, dtype), then the memory figures."""
+    runs = result["runs"]
+    cols = [f"n={r['n']}, d={r['d']}, {r['dtype']}" for r in runs]
+    lines = [f"Peer benchmark ({result['mode']}, {result['created']}, "
+             f"{result['machine']['cpu_count']} CPUs, {result['settings']['rounds']} rounds); "
+             "ratio = torch time / project time (above 1: the project is faster)", "",
+             "| case | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for case in CASES:
+        cells = []
+        for r in runs:
+            e = r["cases"].get(case)
+            if e is None:
+                cells.append("")
+            elif not e["agreement"]["ok"]:
+                cells.append(f"disagree ({e['agreement']['relative_error']:.1e})")
+            elif "ratio_torch_over_project" in e:
+                cells.append(f"{e['ratio_torch_over_project']:.2f}")
+            elif "median_s" in e:
+                cells.append(f"{e['median_s']['jax'] * 1e3:.3g} ms")
+            else:
+                cells.append("")
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    lines += ["", "Peak memory of one gradient call (growth of peak RSS in a fresh worker; "
+              "XLA temp buffers in brackets), MiB:", "",
+              "| case | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for case in GRADIENT_CASES:
+        cells = []
+        for r in runs:
+            mem = r["cases"].get(case, {}).get("memory")
+            if not mem:
+                cells.append("")
+                continue
+            parts = []
+            for fw, m in mem.items():
+                s = f"{fw} {m['peak_rss_delta_bytes'] / 2**20:.1f}"
+                if "xla_temp_bytes" in m:
+                    s += f" [{m['xla_temp_bytes'] / 2**20:.1f}]"
+                parts.append(s)
+            cells.append(", ".join(parts))
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``experiments/peer_benchmark.py``: argument checks, the project's side alone (no torch), and,
+where torch and torchdiffeq are installed (the ``peer`` extra; CI does not install them), a
+``--quick`` run against them that must agree before it times anything.
+
+Only structure and agreement are checked, never a timing. The script runs in subprocesses (its
+workers), so its ``jax_enable_x64`` switch and compilations stay out of this process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "peer_benchmark.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import peer_benchmark  # noqa: E402
+
+HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "torchdiffeq"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--rounds", "0"], ["--dtypes", "float16"], ["--cases", "nope"], ["--min-sample", "-1"],
+     ["--dtypes", ""], ["--sizes", "8x6"], ["--sizes", "8"], ["--sizes", "ax16"]],
+)
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit):
+        peer_benchmark.parse_args(argv)
+
+
+def test_arguments_defaults():
+    args = peer_benchmark.parse_args(["--quick"])
+    assert args.dtypes == ["float32", "float64"] and args.cases == list(peer_benchmark.CASES)
+    assert set(peer_benchmark.GRADIENT_CASES) <= set(peer_benchmark.CASES)
+    assert peer_benchmark.parse_args(["--sizes", "8x16,32x64"]).sizes == [(8, 16), (32, 64)]
+
+
+def _run(tmp_path, *argv) -> dict:
+    code = (
+        f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import peer_benchmark; "
+        f"peer_benchmark.main({[*argv, '--out', str(tmp_path)]!r})"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1200, cwd=SCRIPT.parents[1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "peer_benchmark.md").read_text().startswith("Peer benchmark")
+    return json.loads((tmp_path / "peer_benchmark.json").read_text())
+
+
+def test_project_side_alone_runs_without_torch(tmp_path):
+    cases = ["fwd_rk4", "grad_rk4_stored", "train_step"]
+    result = _run(tmp_path, "--quick", "--jax-only", "--dtypes", "float32", "--rounds", "1",
+                  "--cases", ",".join(cases))
+    (run,) = result["runs"]
+    assert set(run["cases"]) == set(cases)
+    for case in cases:
+        assert run["cases"][case]["median_s"]["jax"] > 0
+    assert run["cases"]["grad_rk4_stored"]["memory"]["jax"]["xla_temp_bytes"] > 0
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch and torchdiffeq not installed (pip install "
+                    "-e '.[peer]'); CI does not install them")
+def test_quick_against_torch_agrees_and_writes_ratios(tmp_path):
+    result = _run(tmp_path, "--quick", "--dtypes", "float64", "--rounds", "1", "--no-memory")
+    assert result["summary"]["agreement_ok"], result["runs"]
+    assert {"torch", "torchdiffeq", "jax"} <= set(result["versions"])
+    (run,) = result["runs"]
+    for case, entry in run["cases"].items():
+        assert entry["agreement"]["ok"], (case, entry["agreement"])
+        assert entry["ratio_torch_over_project"] > 0

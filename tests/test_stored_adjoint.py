@@ -1,0 +1,139 @@
+"""``StoredAdjoint``: the same gradient as the default adjoint, with fewer field evaluations.
+
+Evaluations are counted at run time: the field is a ``jax.custom_vjp`` whose forward rule calls
+a host callback (with the state as argument, so that no loop hoists it as loop-invariant); a
+recomputation in the backward pass (``jax.checkpoint``) runs that forward rule again.
+"""
+
+from __future__ import annotations
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from svflow_jax import sphere
+from svflow_jax.flow import AttentionField
+from svflow_jax.flow.attention import AttentionParams
+from svflow_jax.solvers import RK4, Retracted, RetractedEuler, StoredAdjoint, solve
+
+N, D, H, STEPS = 6, 8, 2, 8
+_count = {"f": 0}
+
+
+def _bump(y):
+    del y
+    _count["f"] += 1
+
+
+@jax.custom_vjp
+def _field(params, t, y):
+    jax.debug.callback(_bump, y)
+    return AttentionField(params)(t, y)
+
+
+def _field_fwd(params, t, y):
+    jax.debug.callback(_bump, y)
+    out, vjp = jax.vjp(lambda p, t, y: AttentionField(p)(t, y), params, t, y)
+    return out, vjp
+
+
+def _field_bwd(vjp, ct):
+    return vjp(ct)
+
+
+_field.defvjp(_field_fwd, _field_bwd)
+
+
+def _problem():
+    params = AttentionParams.random(jax.random.PRNGKey(0), D, H, D // H)
+    y0 = sphere.retract(jax.random.normal(jax.random.PRNGKey(1), (N, D)))
+    return params, y0
+
+
+def _gradient(solver, adjoint, counted):
+    params, y0 = _problem()
+    weights = jnp.arange(D, dtype=y0.dtype)
+
+    def loss(p):
+        field = (lambda t, y, args: _field(p, t, y)) if counted else AttentionField(p)
+        sol = solve(field, y0, 0.0, 1.0, solver=solver, num_steps=STEPS, adjoint=adjoint)
+        return jnp.sum(sol.ys[-1] ** 2 * weights)
+
+    grad = jax.jit(jax.grad(loss))
+    jax.block_until_ready(grad(params))  # compile (and run once)
+    jax.effects_barrier()
+    _count["f"] = 0
+    g = jax.block_until_ready(grad(params))
+    jax.effects_barrier()
+    return g, _count["f"]
+
+
+@pytest.mark.parametrize(
+    "solver, forward_evals",
+    [(RetractedEuler(), STEPS), (Retracted(RK4()), 4 * STEPS + 1)],
+    ids=["euler", "rk4"],
+)
+def test_stored_gradient_equals_default_with_no_recomputation(solver, forward_evals):
+    g_default, n_default = _gradient(solver, diffrax.RecursiveCheckpointAdjoint(), True)
+    g_full, n_full = _gradient(solver, diffrax.RecursiveCheckpointAdjoint(STEPS), True)
+    g_stored, n_stored = _gradient(solver, StoredAdjoint(), True)
+    # The backward pass of the stored path evaluates no field: only the forward pass's.
+    assert n_stored == forward_evals
+    assert n_default > n_full > n_stored
+    for a, b in zip(jax.tree.leaves(g_stored), jax.tree.leaves(g_default), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_default), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+    # The uncounted field gives the same gradient (the custom_vjp wrapper changes nothing).
+    g_plain, _ = _gradient(solver, StoredAdjoint(), False)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_stored), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+
+
+def test_stored_forward_equals_default():
+    params, y0 = _problem()
+    solver = Retracted(RK4())
+    a = solve(AttentionField(params), y0, 0.0, 1.0, solver=solver, num_steps=STEPS).ys[-1]
+    b = solve(AttentionField(params), y0, 0.0, 1.0, solver=solver, num_steps=STEPS,
+              adjoint=StoredAdjoint()).ys[-1]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)
+
+
+def test_stored_adjoint_needs_num_steps():
+    params, y0 = _problem()
+    with pytest.raises(ValueError, match="StoredAdjoint is for fixed-step solves"):
+        solve(AttentionField(params), y0, 0.0, 1.0, solver=Retracted(RK4()), dt0=0.125,
+              adjoint=StoredAdjoint())
+
+
+def test_backsolve_still_refused():
+    params, y0 = _problem()
+    with pytest.raises(ValueError, match="BacksolveAdjoint"):
+        solve(AttentionField(params), y0, 0.0, 1.0, solver=RetractedEuler(), num_steps=4,
+              adjoint=diffrax.BacksolveAdjoint())
+
+
+def test_stored_gradient_with_splitting_and_dense_saves():
+    """A splitting of two fields (LieTrotter) and SaveAt(ts=...) (diffrax's inner loop)."""
+    from svflow_jax.solvers import LieTrotter
+
+    params, y0 = _problem()
+    other = AttentionParams.random(jax.random.PRNGKey(2), D, H, D // H)
+    weights = jnp.arange(D, dtype=y0.dtype)
+    setups = [
+        (LieTrotter(RetractedEuler()), lambda p: (AttentionField(p), AttentionField(other)), {}),
+        (Retracted(RK4()), AttentionField,
+         dict(saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 5)))),
+    ]
+    for solver, field, kw in setups:
+        def loss(p, adjoint, solver=solver, field=field, kw=kw):
+            sol = solve(field(p), y0, 0.0, 1.0, solver=solver, num_steps=STEPS,
+                        adjoint=adjoint, **kw)
+            return jnp.sum(sol.ys ** 2 * weights)
+
+        a = jax.grad(loss)(params, diffrax.RecursiveCheckpointAdjoint())
+        b = jax.grad(loss)(params, StoredAdjoint())
+        for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(a), strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-13)
