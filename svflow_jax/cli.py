@@ -24,41 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 
+from .cli_types import int_at_least, nonnegative_int, positive_float, positive_int
 
-def _int_at_least(minimum: int, words: str):
-    """An argparse type: an integer ``>= minimum``, else an error naming ``words``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a {words}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "positive integer")
-_seed = _int_at_least(0, "non-negative integer")
-
-
-def _positive_float(text: str) -> float:
-    message = f"must be a finite positive number, got {text!r}"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(message) from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(message)
-    return value
+_int_at_least = int_at_least
+_positive_int = positive_int
+_seed = nonnegative_int
+_positive_float = positive_float
 
 
 def _default_out(command: str) -> str:

@@ -4,45 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
+
+from ..cli_types import fraction, int_at_least, positive_float
 
 __all__ = ["add_diagnose_parser", "run_diagnose"]
 
 
 def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = None
-        if v is None or v < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return v
-
-    return parse
+    return int_at_least(minimum)
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
-    return v
-
-
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
-    return v
-
+_fraction, _positive = fraction, positive_float
 
 OPTIONS = ("model", "text", "context", "scored", "windows", "levels", "permutations", "seed",
            "bootstrap", "ece_bins", "scaling_factors", "scaling_level", "scaling_windows")

@@ -10,41 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
+
+from ..cli_types import nonnegative_int, positive_float, positive_int
 
 __all__ = ["add_train_parser", "run_train", "config_from_args"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text!r}")
-    return value
+_positive_int, _nonnegative_int, _positive_float = positive_int, nonnegative_int, positive_float
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
