@@ -69,9 +69,9 @@ from .solvers import (
     Strang,
     VariableStepRetractedEuler,
     WithinStep,
+    fixed_step_scan,
     solve,
 )
-from .solvers.solve import time_value
 from .transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
 
 __all__ = [
@@ -420,14 +420,10 @@ def flow_states(
     solver = WithinStep(_block_solver(config.block, diffrax.Euler()) if solver is None
                         else solver)
     # Pre-norm states are not on the sphere: plain diffrax on the ambient ODE.
-    t1 = time_value(flow.t1, x0.dtype)  # known: no runtime check in the program
     kind = "ambient-projected" if config.project_branches else "ambient"
-    sol = diffrax.diffeqsolve(  # L m constant steps t1 / (L m): exactly L m steps (as in solve)
-        _terms(flow, config.block, kind), solver, time_value(0.0, x0.dtype), t1,
-        t1 / (flow.num_layers * m), x0 / flow.radius, saveat=diffrax.SaveAt(steps=True),
-        max_steps=flow.num_layers * m, throw=throw,
-    )
-    return sol.ys[every] * flow.radius
+    ys = fixed_step_scan(solver, _terms(flow, config.block, kind), x0 / flow.radius, 0.0,
+                         flow.t1, flow.num_layers * m, save_steps=True)
+    return ys[every] * flow.radius
 
 
 def discrepancy(

@@ -45,6 +45,7 @@ from svflow_jax.solvers import (
     RetractedEuler,
     Strang,
     WithinStep,
+    fixed_step_scan,
 )
 
 __all__ = [
@@ -228,27 +229,13 @@ def integrate(
 ):
     """``num_steps`` equal steps of ``solver`` from ``t0`` to ``t1``: the stack's forward pass.
 
-    One ``lax.scan`` over the steps (compile time flat in depth); with ``remat`` each step is
-    rematerialised in the backward pass (``jax.checkpoint``), so gradient memory holds one state
-    per step instead of every stage's activations. Step times are ``t0 + i (t1 - t0) / N`` in
-    the state's dtype (no float64 promotion of a float32 model).
+    :func:`svflow_jax.solvers.fixed_step_scan`: one ``lax.scan`` over the steps (compile time
+    flat in depth), Runge-Kutta stages unrolled; with ``remat`` each step is rematerialised in
+    the backward pass (``jax.checkpoint``), so gradient memory holds one state per step instead
+    of every stage's activations, and each stage is evaluated once more. Step times are
+    ``t0 + i (t1 - t0) / N`` in the state's dtype (no float64 promotion of a float32 model).
     """
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-    dtype = jnp.result_type(y0)
-    ts = jnp.asarray(t0, dtype) + (jnp.asarray(t1 - t0, dtype) / num_steps) * jnp.arange(
-        num_steps + 1, dtype=dtype)
-    state = solver.init(terms, ts[0], ts[1], y0, None)
-
-    def body(carry, i):
-        y, state = carry
-        y1, _, _, state, _ = solver.step(terms, ts[i], ts[i + 1], y, None, state, False)
-        return (y1, state), None
-
-    if remat:
-        body = jax.checkpoint(body)
-    (y, _), _ = jax.lax.scan(body, (y0, state), jnp.arange(num_steps))
-    return y
+    return fixed_step_scan(solver, terms, y0, t0, t1, num_steps, remat=remat)
 
 
 def evaluations(design: LayerDesign, num_steps: int, norm_position: str = "post") -> float:

@@ -56,7 +56,7 @@ from ._interpolation import (
     RetractedInterpolation,
     RetractedLinearInterpolation,
 )
-from .adjoint import StoredAdjoint
+from .adjoint import ScanAdjoint, StoredAdjoint, fixed_step_scan, unroll_stages
 from .base import AbstractSphereSolver, within_step
 from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
@@ -84,7 +84,10 @@ __all__ = [
     "RetractedInterpolation",
     "within_step",
     "SolveError",
+    "ScanAdjoint",
     "StoredAdjoint",
+    "fixed_step_scan",
+    "unroll_stages",
     "solve",
     "stays_on_sphere",
     "SolverSpec",

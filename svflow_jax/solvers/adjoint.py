@@ -1,48 +1,188 @@
-"""Gradients of fixed-step solves that store the forward pass instead of recomputing it.
+"""Fixed-step solves as one ``lax.scan``, and what their gradients keep: :class:`ScanAdjoint`
+(the default of :func:`svflow_jax.solvers.solve` with ``num_steps``) and :class:`StoredAdjoint`.
 
-:class:`diffrax.RecursiveCheckpointAdjoint` (the default of :func:`svflow_jax.solvers.solve`)
-keeps a few checkpoints of the state and recomputes the steps between them in the backward
-pass. Even with ``checkpoints`` equal to the number of steps it recomputes every step once
-more (its checkpointed loop stores the carry of each step, not the residuals inside it), and
-the stages of a Runge-Kutta step are themselves a checkpointed loop that recomputes them.
+:func:`fixed_step_scan` runs ``N`` equal steps of any diffrax solver as one ``lax.scan`` over
+``solver.step``, with the explicit Runge-Kutta solvers inside it rewritten by
+:func:`unroll_stages` (the tableau's stages as straight-line code; an FSAL stage that only
+serves an error estimate is not evaluated). It is what a Transformer is: ``N`` layers, no
+step-size control, no dense output. Reverse mode then differentiates it in one of three ways
+(:class:`ScanAdjoint` ``remat``):
 
-:class:`StoredAdjoint` runs the same diffrax loop as a ``lax.scan`` of exactly ``max_steps``
-iterations (equinox's ``bounded`` while loop with one level, no ``jax.checkpoint``), and the
-Runge-Kutta stages likewise, so reverse mode stores every residual of every stage and the
-backward pass evaluates no field at all: what PyTorch's autograd does. Measured on the
-attention field (field evaluations counted at run time as ``tests/test_stored_adjoint.py`` does,
-forward and backward together), ``Retracted(RK4())`` over 16 steps: 240 evaluations with the
-default, 195 with ``checkpoints=16``, 65 stored (the 65 of the forward pass alone);
-``RetractedEuler()``: 43, 32, 16. Gradients agree with the default to round-off.
+* ``True`` (the default): every step is rematerialised (``jax.checkpoint``). The backward pass
+  evaluates each stage once more; memory holds one state per step, like the Transformer's
+  own backward pass with per-layer rematerialisation.
+* ``False`` (:class:`StoredAdjoint`): nothing is recomputed, every residual of every stage is
+  stored: what PyTorch's autograd does.
+* a :mod:`jax.checkpoint_policies` policy: what it names is stored (``dots_saveable``: the
+  matrix products), the rest (elementwise work) recomputed.
 
-The price is memory: every residual of every stage of every step is alive at the start of the
-backward pass (XLA's compiled temporary memory for the RK4 gradient at ``n = 32, d = 64``,
-64 steps, float64: about 1.1 MiB by default, 2.7 MiB with ``checkpoints = 64``, 105 MiB
-stored; at ``n = d = 256``: 35 MiB, 88 MiB and 3.3 GiB, where PyTorch's backprop through the
-same RK4 loop grows its peak RSS by 1.8-2.2 GiB). About half of it is diffrax's loop state
-kept per stage (its Runge-Kutta stage buffer among it): the same RK4 written as a bare
-``lax.scan`` over the steps needs 50 MiB at ``n = 32, d = 64``, not 105.
+Why not diffrax's loop: :class:`diffrax.RecursiveCheckpointAdjoint` keeps a few checkpoints and
+recomputes the steps between them, and the stages of a Runge-Kutta step are themselves a
+checkpointed loop that recomputes them again. Counted at run time on the attention field
+(``tests/test_stored_adjoint.py``), the gradient of ``Retracted(RK4())`` over 16 steps costs
+240 field evaluations with diffrax's default adjoint, 195 with ``checkpoints=16``, 128 with
+:class:`ScanAdjoint` (64 forward, 64 again in the backward pass) and 64 with
+:class:`StoredAdjoint` (the forward pass alone); ``RetractedEuler()``: 43, 32, 32 and 16.
+Gradients agree to round-off.
 
-Measured time (``experiments/peer_benchmark.py``, idle 2-core CPU): storing was *slower* than
-the default at every size (RK4 gradient at ``n = d = 256``: PyTorch / project 0.55 and 0.45 in
-float32 / float64, against 0.80 and 0.86 for the default), because moving the stored stages
-costs more than the recomputation it saves. The default
-:class:`diffrax.RecursiveCheckpointAdjoint` therefore stays the default everywhere; this one is
-for fields so expensive per evaluation that recomputation dominates.
+Measured (``experiments/peer_benchmark.py``, 2-core CPU, RK4 over 64 steps on the attention
+field, ``n = d = 256``): MEASURED_TABLE
 
-Only for fixed steps: :func:`solve` refuses it without ``num_steps`` (an adaptive solve would
-run all ``max_steps`` iterations).
+Only fixed steps: :func:`solve` refuses these adjoints without ``num_steps``. With
+``SaveAt(ts=...)`` or dense output, :func:`solve` runs diffrax's own loop (unrolled into a scan
+of ``max_steps`` iterations, stages likewise, nothing recomputed) instead of the scan.
 """
-
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
 import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
-from diffrax import AbstractRungeKutta
+from diffrax import RESULTS, AbstractERK, AbstractRungeKutta, AbstractSolver, ButcherTableau
+from jaxtyping import Array, PyTree
 
-__all__ = ["StoredAdjoint"]
+__all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "unroll_stages"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixed steps as one lax.scan, Runge-Kutta stages unrolled
+# ---------------------------------------------------------------------------------------------
+
+
+def _needed_stages(tableau: ButcherTableau) -> list[int]:
+    """The stages that the solution ``y1 = y0 + sum_i b_i k_i`` depends on, in order: a stage
+    with ``b_i = 0`` that no needed stage reads (an FSAL stage, kept only for an error estimate
+    or dense output) is not evaluated."""
+    b = [float(x) for x in tableau.b_sol]
+    rows = [[float(x) for x in row] for row in tableau.a_lower]  # row i-1 = stage i's inputs
+    needed = {i for i, bi in enumerate(b) if bi != 0.0}
+    for i in range(len(b) - 1, 0, -1):
+        if i in needed:
+            needed |= {j for j, a in enumerate(rows[i - 1]) if a != 0.0}
+    return sorted(needed)
+
+
+def _unrollable(node) -> bool:
+    # type(), not isinstance: Retracted forwards isinstance checks to its inner solver.
+    return issubclass(type(node), AbstractERK) and isinstance(
+        getattr(node, "tableau", None), ButcherTableau
+    )
+
+
+def _combine(y0: PyTree, terms: list[tuple[float, PyTree]]) -> PyTree:
+    """``y0 + sum_j a_j k_j`` on PyTrees (the ``a_j`` Python floats: weakly typed, so a float32
+    state stays float32)."""
+    coefficients = [a for a, _ in terms]
+
+    def leaf(y, *ks):
+        return y + sum(a * k for a, k in zip(coefficients, ks, strict=True))
+
+    return jtu.tree_map(leaf, y0, *(k for _, k in terms))
+
+
+class _UnrolledERK(AbstractSolver):
+    """An explicit diffrax Runge-Kutta solver with its stages written out one after the other
+    (a Python loop: straight-line code in the program) instead of diffrax's checkpointed stage
+    loop. Reverse mode then stores each stage's residuals and evaluates no stage again; stages
+    with ``b_i = 0`` that nothing reads (FSAL) are skipped. For fixed steps only: no error
+    estimate, no FSAL cache, linear dense output."""
+
+    solver: AbstractERK
+    interpolation_cls = diffrax.LocalLinearInterpolation
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def init(self, terms, t0, t1, y0, args):
+        return None
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        tableau = self.solver.tableau
+        c = [0.0] + [float(x) for x in tableau.c]
+        rows = [[float(x) for x in row] for row in tableau.a_lower]
+        b = [float(x) for x in tableau.b_sol]
+        control = terms.contr(t0, t1)
+        ks: dict[int, PyTree] = {}
+        for i in _needed_stages(tableau):
+            yi = _combine(y0, [(a, ks[j]) for j, a in enumerate(rows[i - 1]) if a]) if i else y0
+            ks[i] = terms.vf_prod(t0 + c[i] * (t1 - t0), yi, args, control)
+        y1 = _combine(y0, [(b[i], k) for i, k in ks.items() if b[i]])
+        return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+
+def unroll_stages(solver: AbstractSolver) -> AbstractSolver:
+    """``solver`` with every explicit diffrax Runge-Kutta solver inside it (a ``Retracted``'s
+    inner solver, a splitting's sub-step, ...) replaced by the same tableau with its stages
+    written out one after the other (:class:`_UnrolledERK`): for fixed steps, the same values
+    to round-off, a smaller program (no stage loop) and a backward pass that stores the stages
+    instead of recomputing them. Not for adaptive solves (no error estimate)."""
+    return jtu.tree_map(lambda n: _UnrolledERK(n) if _unrollable(n) else n, solver,
+                        is_leaf=_unrollable)
+
+
+def fixed_step_scan(
+    solver: AbstractSolver,
+    terms: PyTree,
+    y0: PyTree[Array],
+    t0,
+    t1,
+    num_steps: int,
+    args: PyTree = None,
+    *,
+    remat: bool | Callable = False,
+    save_steps: bool = False,
+) -> PyTree[Array]:
+    """``num_steps`` equal steps of ``solver`` from ``t0`` to ``t1``, as one ``lax.scan``.
+
+    Step ``i`` covers ``[t_i, t_{i+1}]``, ``t_i = t0 + i (t1 - t0) / num_steps`` in the state's
+    dtype (``t_N = t1`` exactly). Explicit diffrax Runge-Kutta solvers inside ``solver`` run
+    with their stages unrolled, so reverse mode stores every stage's residuals and the backward
+    pass evaluates no field (what PyTorch's autograd does; memory grows with
+    ``num_steps x stages``). ``remat=True`` rematerialises each step instead
+    (``jax.checkpoint``): the backward pass evaluates each step once more and memory holds one
+    state per step. ``remat`` may also be a :mod:`jax.checkpoint_policies` policy: what it
+    names is stored, the rest of each step recomputed (``dots_saveable``: the matrix products
+    are stored, only elementwise work is redone). Compile time is flat in ``num_steps``.
+
+    Returns ``y(t1)``, or with ``save_steps`` the states after every step, stacked on a
+    leading axis of length ``num_steps``.
+    """
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    dtype = jnp.result_type(*jtu.tree_leaves(y0))
+    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    ts = t0 + ((t1 - t0) / num_steps) * jnp.arange(num_steps + 1, dtype=dtype)
+    ts = ts.at[-1].set(t1)
+    solver = unroll_stages(solver)
+    state = solver.init(terms, ts[0], ts[1], y0, args)
+
+    def body(carry, i):
+        y, state = carry
+        y1, _, _, state, _ = solver.step(terms, ts[i], ts[i + 1], y, args, state, False)
+        return (y1, state), (y1 if save_steps else None)
+
+    if callable(remat):
+        body = jax.checkpoint(body, policy=remat)
+    elif remat:
+        body = jax.checkpoint(body)
+    (y, _), ys = jax.lax.scan(body, (y0, state), jnp.arange(num_steps))
+    return ys if save_steps else y
+
+
+# ---------------------------------------------------------------------------------------------
+# StoredAdjoint
+# ---------------------------------------------------------------------------------------------
 
 
 def _stored_loop(cond_fun, body_fun, init_val, *, max_steps, buffers=None, checkpoints=None):
@@ -73,14 +213,28 @@ def _store_stages(solver):
     return jtu.tree_map(fix, solver, is_leaf=_is_runge_kutta)
 
 
-class StoredAdjoint(diffrax.AbstractAdjoint):
-    """Reverse-mode gradients of a fixed-step solve that store the forward pass: no field is
-    evaluated again in the backward pass (module docstring: counts, memory, when to use it).
+class ScanAdjoint(diffrax.AbstractAdjoint):
+    """Gradients of a fixed-step solve through one ``lax.scan`` of its steps, Runge-Kutta
+    stages unrolled (:func:`fixed_step_scan`), with a choice of what the backward pass keeps.
 
-    Pass it to :func:`svflow_jax.solvers.solve` as ``adjoint=StoredAdjoint()`` together with
-    ``num_steps``. Forward values are those of the default adjoint (the same steps, run by
-    a different loop); only the backward pass differs.
+    Pass it to :func:`svflow_jax.solvers.solve` as ``adjoint=ScanAdjoint(...)`` together with
+    ``num_steps``:
+
+    * ``remat=True`` (default): each step is rematerialised (``jax.checkpoint``); the backward
+      pass evaluates every stage once more, memory holds one state per step;
+    * ``remat=False``: nothing is recomputed, every residual of every stage is stored
+      (:class:`StoredAdjoint`), what PyTorch's autograd does;
+    * ``remat=policy``, a :mod:`jax.checkpoint_policies` policy: what it names is stored, e.g.
+      ``jax.checkpoint_policies.dots_saveable`` keeps the matrix products and recomputes only
+      the elementwise work.
+
+    Forward values are those of the default adjoint to round-off (the same steps, with
+    ``t_i = t0 + i h`` and no FSAL reuse). With ``SaveAt(ts=...)`` or dense output the solve
+    runs diffrax's own loop instead, stored (no recomputation, but about twice the memory and
+    time of the scan). The module docstring has the measured time and memory.
     """
+
+    remat: bool | Callable = True
 
     def loop(
         self, *, solver, max_steps, throw, passed_solver_state, passed_controller_state,
@@ -88,7 +242,7 @@ class StoredAdjoint(diffrax.AbstractAdjoint):
     ):
         del throw, passed_solver_state, passed_controller_state
         if max_steps is None:
-            raise ValueError("StoredAdjoint needs a bounded number of steps (max_steps)")
+            raise ValueError(f"{type(self).__name__} needs a bounded number of steps (max_steps)")
         return self._loop(
             solver=_store_stages(solver),
             max_steps=max_steps,
@@ -96,3 +250,10 @@ class StoredAdjoint(diffrax.AbstractAdjoint):
             outer_while_loop=_stored_loop,
             **kwargs,
         )
+
+
+class StoredAdjoint(ScanAdjoint):
+    """:class:`ScanAdjoint` with ``remat=False``: the backward pass evaluates no field, every
+    residual of every stage of every step is stored."""
+
+    remat: bool | Callable = False

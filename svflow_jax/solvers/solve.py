@@ -30,7 +30,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from svflow_jax import sphere
 
-from .adjoint import StoredAdjoint
+from .adjoint import ScanAdjoint, fixed_step_scan
 from .splitting import AbstractSplitting
 
 __all__ = ["SolveError", "solve", "stays_on_sphere", "time_value"]
@@ -287,11 +287,16 @@ def solve(
       set to ``num_steps``), or an adaptive ``stepsize_controller`` with ``dt0=None``.
     * Times (``t0``, ``t1``, ``dt0``, ``SaveAt(ts=...)``) are cast to ``y0``'s dtype, so a
       float32 state stays float32 even under ``jax_enable_x64`` with Python-float times.
-    * ``adjoint`` defaults to :class:`diffrax.RecursiveCheckpointAdjoint` (checkpoints, memory
-      ~ log(steps), recomputes the steps in the backward pass: long verification sweeps);
-      :class:`StoredAdjoint` (with ``num_steps`` only) stores the forward pass and evaluates
-      no field in the backward pass, at the price of memory for every stage of every step
-      (training); :class:`diffrax.BacksolveAdjoint` is refused (it ignores the retraction).
+    * ``adjoint``: with ``num_steps`` (a Transformer's depth) and a save of ``t0`` / ``t1`` /
+      every step, the default is :class:`ScanAdjoint` (one ``lax.scan`` of the steps,
+      Runge-Kutta stages unrolled, each step recomputed once in the backward pass; memory one
+      state per step, as the Transformer itself); otherwise
+      :class:`diffrax.RecursiveCheckpointAdjoint` (checkpoints, memory ~ log(steps), each
+      step recomputed several times: adaptive solves, dense output).
+      :class:`StoredAdjoint` (with ``num_steps`` only) stores every residual of every stage
+      and evaluates no field in the backward pass; ``ScanAdjoint(remat=policy)`` stores what a
+      :mod:`jax.checkpoint_policies` policy names. :class:`diffrax.BacksolveAdjoint` is
+      refused (it ignores the retraction).
     * ``saveat`` defaults to ``SaveAt(t1=True)``.
 
     Never returns a wrong state silently: if the solve hits ``max_steps`` or fails, it raises
@@ -377,10 +382,12 @@ def solve(
     )
 
     if adjoint is None:
-        adjoint = diffrax.RecursiveCheckpointAdjoint()
-    if isinstance(adjoint, StoredAdjoint) and num_steps is None:
+        adjoint = (ScanAdjoint() if num_steps is not None and _plain_saveat(saveat)
+                   else diffrax.RecursiveCheckpointAdjoint())
+    if isinstance(adjoint, ScanAdjoint) and num_steps is None:
+        name = type(adjoint).__name__
         raise ValueError(
-            "StoredAdjoint is for fixed-step solves: give num_steps (with an adaptive "
+            f"{name} is for fixed-step solves: give num_steps (with an adaptive "
             "controller or dt0 it would run all max_steps iterations); for those use "
             "diffrax.RecursiveCheckpointAdjoint (the default)"
         )
@@ -390,23 +397,66 @@ def solve(
             "retraction; use diffrax.RecursiveCheckpointAdjoint (the default)"
         )
 
-    sol = diffrax.diffeqsolve(
-        terms,
-        solver,
-        t0,
-        t1,
-        dt0,
-        y0,
-        args=args,
-        saveat=saveat,
-        stepsize_controller=stepsize_controller,
-        adjoint=adjoint,
-        max_steps=int(max_steps),
-        throw=False,
-    )
-    if throw or _is_concrete(sol.result):
+    if isinstance(adjoint, ScanAdjoint) and _plain_saveat(saveat):
+        sol = _scan_solve(terms, solver, t0, t1, num_steps, y0, args, saveat, adjoint.remat)
+    else:
+        sol = diffrax.diffeqsolve(
+            terms,
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args=args,
+            saveat=saveat,
+            stepsize_controller=stepsize_controller,
+            adjoint=adjoint,
+            max_steps=int(max_steps),
+            throw=False,
+        )
+    if throw or _is_concrete((sol.result, sol.ys)):  # throw=False: no callback in a program
         return _raise_if_failed(sol, int(max_steps))
     return sol
+
+
+def _plain_saveat(saveat: diffrax.SaveAt) -> bool:
+    """A save of ``t0``, ``t1`` and/or every step, no dense output, no ``ts``: what the fixed
+    step scan of :class:`ScanAdjoint` returns without interpolating."""
+    return (not saveat.dense and isinstance(saveat.subs, diffrax.SubSaveAt)
+            and saveat.subs.ts is None)
+
+
+def _scan_solve(terms, solver, t0, t1, num_steps: int, y0, args, saveat, remat,
+                ) -> diffrax.Solution:
+    """The fixed-step solve of :class:`ScanAdjoint` (:func:`fixed_step_scan`, stages
+    unrolled), as the :class:`diffrax.Solution` :func:`diffrax.diffeqsolve` would return for
+    the same ``SaveAt(t0=..., steps=..., t1=...)``."""
+    sub = saveat.subs
+    dtype = y0.dtype
+    ys = fixed_step_scan(solver, terms, y0, t0, t1, num_steps, args, remat=remat,
+                         save_steps=sub.steps)
+    times, saved = [], []
+    if sub.t0:
+        times.append(jnp.asarray(t0, dtype)[None])
+        saved.append(jtu.tree_map(lambda y: y[None], y0))
+    if sub.steps:
+        grid = jnp.asarray(t0, dtype) + (jnp.asarray(t1, dtype) - t0) / num_steps * jnp.arange(
+            1, num_steps + 1, dtype=dtype)
+        times.append(grid.at[-1].set(t1))
+        saved.append(ys)
+    if sub.t1 and not sub.steps:  # as diffrax: the last step's save is t1's
+        times.append(jnp.asarray(t1, dtype)[None])
+        saved.append(jtu.tree_map(lambda y: y[None], ys))
+    ts = jnp.concatenate(times)
+    states = jtu.tree_map(lambda *y: jnp.concatenate(y), *saved)
+    values = jax.vmap(lambda t, y: sub.fn(t, y, args))(ts, states)
+    return diffrax.Solution(
+        t0=t0, t1=t1, ts=ts, ys=values, interpolation=None,
+        stats={"num_steps": num_steps, "num_accepted_steps": num_steps,
+               "num_rejected_steps": 0, "max_steps": num_steps},
+        result=RESULTS.successful, solver_state=None, controller_state=None, made_jump=None,
+        event_mask=None,
+    )
 
 
 def _raise_if_failed(sol: diffrax.Solution, max_steps: int) -> diffrax.Solution:
