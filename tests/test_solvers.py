@@ -1119,3 +1119,35 @@ def test_adaptive_first_step_is_hairers_rule():
         diffrax.ODETerm(lambda t, y, args: y @ jnp.asarray(skew).T), Retracted(diffrax.Dopri5()),
         0.0, 2.0, None, jnp.asarray(y0), stepsize_controller=controller)
     assert int(sol.stats["num_steps"]) < int(from_001.stats["num_steps"])
+
+
+def test_adaptive_fsal_solve_evaluates_the_first_slope_once():
+    """``solve`` with a PID controller: two evaluations choose the first step (Hairer's rule,
+    ``f(t0, y0)`` and one trial), then an FSAL solver reuses ``f(t0, y0)`` as its first stage,
+    so Dopri5 costs ``2 + 6 x (steps tried)``, as torchdiffeq; the state is that of a solve that
+    evaluates it again (diffrax's own first state) to round-off."""
+    from svflow_jax.flow import AttentionField
+    from svflow_jax.flow.attention import AttentionParams
+
+    params = AttentionParams.random(jax.random.PRNGKey(3), 16, 2, 8)
+    y0 = sphere.retract(jax.random.normal(jax.random.PRNGKey(4), (6, 16)))
+    calls = []
+    field = AttentionField(params)
+
+    def counted(t, y, args):
+        jax.debug.callback(lambda: calls.append(1))
+        return field(t, y, args)
+
+    pid = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+    sol = solve(counted, y0, 0.0, 1.0, solver=Retracted(diffrax.Dopri5()),
+                stepsize_controller=pid)
+    jax.effects_barrier()
+    tried = int(sol.stats["num_accepted_steps"]) + int(sol.stats["num_rejected_steps"])
+    assert len(calls) == 2 + 6 * tried, (len(calls), tried)
+    from svflow_jax.solvers.solve import initial_step
+
+    term, solver = diffrax.ODETerm(field), Retracted(diffrax.Dopri5())
+    dt0 = initial_step(term, solver, 0.0, 1.0, y0, None, pid)
+    again = diffrax.diffeqsolve(term, solver, 0.0, 1.0, dt0, y0, stepsize_controller=pid)
+    assert again.stats["num_steps"] == sol.stats["num_steps"]
+    np.testing.assert_allclose(sol.ys[-1], again.ys[-1], rtol=0, atol=1e-14)

@@ -210,10 +210,11 @@ def _is_subsaveat(x) -> bool:
 
 def initial_step(
     terms: PyTree, solver: AbstractSolver, t0, t1, y0: Array, args: PyTree,
-    controller: diffrax.PIDController,
-) -> Array:
+    controller: diffrax.PIDController, with_slope: bool = False,
+) -> Array | tuple[Array, Array]:
     """The first step of an adaptive solve, by Hairer, Norsett and Wanner's rule (Solving ODEs
-    I, II.4), as torchdiffeq and SciPy choose it.
+    I, II.4), as torchdiffeq and SciPy choose it (with ``with_slope``: and ``f(t0, y0)``, which
+    an FSAL solver then reuses as its first stage, as torchdiffeq does).
 
     With ``sc = atol + rtol |y0|``, ``d0 = |y0 / sc|``, ``d1 = |f0 / sc|`` (the controller's
     norm): a trial step ``h0 = 0.01 d0 / d1`` (``1e-6`` if either is below ``1e-5``), then
@@ -224,7 +225,10 @@ def initial_step(
     diffrax computes the same rule only when its terms are a plain ``ODETerm``; the terms it
     sees inside ``diffeqsolve`` are wrapped, so it starts every adaptive solve at ``0.01``
     whatever the problem: on a unit-time attention flow at ``rtol = atol = 1e-6`` that cost one
-    step more than torchdiffeq (4 instead of 3).
+    step more than torchdiffeq (4 instead of 3). With this rule, and ``f(t0, y0)`` handed to an
+    FSAL solver as its first stage, ``Retracted(Dopri5())`` on the peer benchmark's attention
+    flow (``n = 32, d = 64``) takes 20 field evaluations, as torchdiffeq's dopri5, with the same
+    error against a tight reference (6.4e-7); diffrax's defaults took 25.
     """
     rtol, atol, norm = controller.rtol, controller.atol, controller.norm
     dtype = y0.dtype
@@ -242,7 +246,20 @@ def initial_step(
     step = jnp.minimum(jnp.minimum(100 * h0, h1), t1 - t0)
     if controller.dtmax is not None:
         step = jnp.minimum(step, controller.dtmax)
-    return step.astype(dtype)
+    return (step.astype(dtype), f0) if with_slope else step.astype(dtype)
+
+
+def _fsal_state(solver, terms, t0, dt0, y0, args, f0):
+    """The first solver state of an FSAL Runge-Kutta solver with its cached slope set to
+    ``f0 = f(t0, y0)`` (already evaluated by :func:`initial_step`), so that the first step does
+    not evaluate it again; ``None`` (diffrax's own state) for any other solver."""
+    if not isinstance(solver, diffrax.AbstractRungeKutta):
+        return None
+    state = solver.init(terms, t0, t0 + dt0, y0, args)
+    if not (isinstance(state, tuple) and len(state) == 2
+            and jtu.tree_structure(state[1]) == jtu.tree_structure(f0)):
+        return None
+    return jnp.array(False), f0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,6 +359,7 @@ def solve(
     y0 = _check(y0, jnp.logical_not(t1 > t0), "t1 must be greater than t0 (and both finite)",
                 throw)
 
+    solver_state = None  # diffrax's own, unless the first slope is already known (FSAL)
     if num_steps is not None:
         if dt0 is not None or stepsize_controller is not None:
             raise ValueError("give either num_steps or (dt0 and/or stepsize_controller), not both")
@@ -367,7 +385,9 @@ def solve(
                 raise ValueError("dt0 must be a scalar")
             y0 = _check(y0, jnp.logical_not(dt0 > 0), "dt0 must be positive (and finite)", throw)
         elif isinstance(stepsize_controller, diffrax.PIDController):
-            dt0 = initial_step(terms, solver, t0, t1, y0, args, stepsize_controller)
+            dt0, f0 = initial_step(terms, solver, t0, t1, y0, args, stepsize_controller,
+                                   with_slope=True)
+            solver_state = _fsal_state(solver, terms, t0, dt0, y0, args, f0)
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps}")
 
@@ -412,6 +432,7 @@ def solve(
             stepsize_controller=stepsize_controller,
             adjoint=adjoint,
             max_steps=int(max_steps),
+            solver_state=solver_state,
             throw=False,
         )
     if throw or _is_concrete((sol.result, sol.ys)):  # throw=False: no callback in a program
