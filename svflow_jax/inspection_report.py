@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .inspection import layer_groups
-from .report import _csv, _fmt
+from .report import _fmt
+from .tables import write_csv
 
 __all__ = ["write_inspection", "markdown"]
 
@@ -166,7 +167,7 @@ def write_inspection(out: str | Path, summary: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     for r in summary["results"]:
-        _csv(out / f"{r['name']}.csv", r["rows"])
+        write_csv(out / f"{r['name']}.csv", r["rows"])
     _figures(out, summary)
     (out / "report.md").write_text(markdown(summary))
     return out

@@ -8,29 +8,18 @@ point) are the only values that change between two runs with the same options.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
 from pathlib import Path
 from typing import Any
 
+from .tables import write_csv
+
 __all__ = ["headline", "verdict", "write_all", "write_tables", "write_figures", "write_markdown"]
 
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
 STYLES = ("-", "--", "-.", ":")
-
-
-def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (";".join(map(str, v)) if isinstance(v, list) else v)
-                             for k, v in row.items()})
 
 
 def _fmt(v: Any) -> str:
@@ -68,7 +57,7 @@ def _slug(name: str) -> str:
 
 def write_tables(out: Path, summary: dict[str, Any]) -> list[str]:
     """``claims.csv`` (one row per claim) and ``tables/<claim>.csv`` (each claim's rows)."""
-    _csv(out / "claims.csv", [
+    write_csv(out / "claims.csv", [
         {"name": c["name"], "section": c["section"], "passed": c["passed"],
          "headline": headline(c), "tolerance": c["tolerance"], "seconds": c["seconds"],
          **{k: v for k, v in c["figures"].items() if not isinstance(v, (dict, list))}}
@@ -77,7 +66,7 @@ def write_tables(out: Path, summary: dict[str, Any]) -> list[str]:
     names = ["claims.csv"]
     for c in summary["claims"]:
         if c["rows"]:
-            _csv(out / "tables" / f"{_slug(c['name'])}.csv", c["rows"])
+            write_csv(out / "tables" / f"{_slug(c['name'])}.csv", c["rows"])
             names.append(f"tables/{_slug(c['name'])}.csv")
     return names
 

@@ -5,11 +5,12 @@ statements, as listed in :data:`PAPER`)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
 from typing import Any
+
+from ..tables import write_csv
 
 __all__ = ["PAPER", "headline", "write_all"]
 
@@ -32,18 +33,6 @@ def _fmt(v: Any, digits: int = 3) -> str:
 def _ci(ci) -> str:
     lo, hi = ci
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
-
-
-def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (";".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
-                        for k, v in r.items()})
 
 
 def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
@@ -117,29 +106,29 @@ def write_tables(out: Path, summary: dict[str, Any]) -> None:
         for name, m in sh["level_means"].items():
             row[name] = sum(m[k]) / len(m[k])
         rows.append(row)
-    _csv(out / "levels.csv", rows)
+    write_csv(out / "levels.csv", rows)
     rows = []
     for name, m in sh["level_means"].items():
         for k, level in enumerate(levels):
             for t, v in enumerate(m[k]):
                 rows.append({"metric": name, "level": level, "layer": t, "value": v})
-    _csv(out / "levels_by_layer.csv", rows)
+    write_csv(out / "levels_by_layer.csv", rows)
     if "rho" in sh:
-        _csv(out / "rho.csv", [
+        write_csv(out / "rho.csv", [
             {"metric": n, "rho_perplexity": e["perplexity"]["rho"],
              "ci_perplexity": e["perplexity"]["ci"], "rho_ece": e["ece"]["rho"],
              "ci_ece": e["ece"]["ci"], "rho_perplexity_cells": e["perplexity_cells"]["rho"],
              "ci_perplexity_cells": e["perplexity_cells"]["ci"]} for n, e in sh["rho"].items()])
-        _csv(out / "rho_by_layer.csv", [
+        write_csv(out / "rho_by_layer.csv", [
             {"metric": n, "layer": t, "rho_perplexity": e["perplexity"]["per_layer"][t],
              "rho_ece": e["ece"]["per_layer"][t]}
             for n, e in sh["rho"].items() for t in range(len(e["perplexity"]["per_layer"]))])
-    _csv(out / "depth.csv", [
+    write_csv(out / "depth.csv", [
         {"metric": n, "layer": t, "sensitivity": s, "ci": e["sensitivity_ci"][t],
          "change": e["change"][t] if "change" in e else None}
         for n, e in sh["depth"].items() for t, s in enumerate(e["sensitivity"])])
     if summary.get("scaling"):
-        _csv(out / "scaling.csv", [{k: v for k, v in r.items() if not k.endswith("_per_layer")}
+        write_csv(out / "scaling.csv", [{k: v for k, v in r.items() if not k.endswith("_per_layer")}
                                    for r in summary["scaling"]["rows"]])
 
 

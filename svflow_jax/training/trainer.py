@@ -25,7 +25,6 @@ Metrics: ``out/metrics.jsonl`` (one JSON object per logged step) and ``out/metri
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
 import json
@@ -43,6 +42,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from svflow_jax.designs import DesignConfig, SolverLM
+from svflow_jax.tables import write_csv
 
 from .tasks import get_task
 
@@ -213,13 +213,7 @@ def _write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
     with open(out / "metrics.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-    with open(out / "metrics.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "metrics.csv", rows)
 
 
 def _read_rows(out: Path, upto: int) -> list[dict[str, Any]]:
