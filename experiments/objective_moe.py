@@ -35,17 +35,13 @@ runs; the smoke test runs two of them for 2 steps).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 DEFAULT = dict(seeds=3, steps=120, top_ks=[1, 2], methods=["none", "switch", "popkl", "jvar"],
                dense_methods=["none", "jvar"], eval_every=50, eval_sequences=64, coef=0.01,
@@ -232,6 +228,8 @@ def verdicts(table: dict, top_ks: list[int]) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def write_csvs(out: Path, runs: list[dict]) -> None:
+    from svflow_jax.tables import write_csv
+
     rows = []
     for r in runs:
         cfg = r["config"]
@@ -247,20 +245,10 @@ def write_csvs(out: Path, runs: list[dict]) -> None:
                 if "load" in h:
                     row.update({f"load_{e}": x for e, x in enumerate(h["load"][layer])})
                 rows.append(row)
-    _write_csv(out / "curves.csv", rows)
-    _write_csv(out / "final.csv", [{"arm": arm(r["config"]), "seed": r["config"]["seed"],
+    write_csv(out / "curves.csv", rows)
+    write_csv(out / "final.csv", [{"arm": arm(r["config"]), "seed": r["config"]["seed"],
                                     "seconds": r["seconds"], **scalars(r["final"], r["config"])}
                                    for r in runs])
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def figures(out: Path, runs: list[dict]) -> list[str]:
@@ -363,10 +351,12 @@ REG_MEASURES = ["val_bpc", "ece", "attn_j_var", "attn_entropy_norm", "coupling_a
 
 
 def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: float) -> dict:
+    from svflow_jax.tables import write_csv
+
     table = aggregate(runs)
     v = verdicts(table, s["top_ks"])
     write_csvs(out, runs)
-    _write_csv(out / "table.csv", [{"arm": n, "seeds": r["seeds"],
+    write_csv(out / "table.csv", [{"arm": n, "seeds": r["seeds"],
                                     **{m: r[m]["mean"] for m in MEASURES if m in r},
                                     **{m + "_half": r[m]["half"] for m in MEASURES if m in r}}
                                    for n, r in table.items()])
@@ -405,10 +395,11 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.quick and "XLA_FLAGS" not in os.environ:
-        os.environ["XLA_FLAGS"] = QUICK_XLA_FLAGS
-    s = settings(args)  # option errors before the (slow) imports
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from svflow_jax.xla_settings import use_project_flags
+
+    use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
+    s = settings(args)  # option errors before the (slow) imports
     from tqdm.auto import tqdm
 
     from svflow_jax.objective.train import train_run

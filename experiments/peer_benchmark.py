@@ -39,8 +39,10 @@ case              project                                          torch
 fwd_euler         ``solve``, ``RetractedEuler()``, 64 steps         the same loop, eager
 fwd_rk4           ``solve``, ``Retracted(RK4())``, 64 steps         the same retracted RK4, eager
 fwd_dopri5        ``Retracted(Dopri5())``, PID rtol = atol = 1e-6   ``torchdiffeq.odeint`` dopri5
-grad_rk4          default ``RecursiveCheckpointAdjoint``            backprop through the loop
+grad_rk4          default: ``ScanAdjoint()`` (steps recomputed)    backprop through the loop
 grad_rk4_stored   ``StoredAdjoint()`` (stores, no recomputation)   backprop through the loop
+grad_rk4_dots     ``ScanAdjoint(dots_saveable)`` (stores products) backprop through the loop
+grad_rk4_recur    diffrax's ``RecursiveCheckpointAdjoint()``       backprop through the loop
 grad_dopri5       default ``RecursiveCheckpointAdjoint``            backprop through odeint
 grad_dopri5_adj   default ``RecursiveCheckpointAdjoint``            ``odeint_adjoint``
 transformer_fwd   Flax NNX ``Transformer`` forward                  the same model, eager
@@ -79,10 +81,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 N_HEADS = 4
 CASES = (
-    "fwd_euler", "fwd_rk4", "fwd_dopri5", "grad_rk4", "grad_rk4_stored", "grad_dopri5",
-    "grad_dopri5_adj", "transformer_fwd", "train_step",
+    "fwd_euler", "fwd_rk4", "fwd_dopri5", "grad_rk4", "grad_rk4_stored", "grad_rk4_dots",
+    "grad_rk4_recur", "grad_dopri5", "grad_dopri5_adj", "transformer_fwd", "train_step",
 )
-GRADIENT_CASES = ("grad_rk4", "grad_rk4_stored", "grad_dopri5", "grad_dopri5_adj", "train_step")
+GRADIENT_CASES = ("grad_rk4", "grad_rk4_stored", "grad_rk4_dots", "grad_rk4_recur", "grad_dopri5",
+                  "grad_dopri5_adj", "train_step")
 DTYPES = ("float32", "float64")
 MODES = {
     #        sizes (n, d)            steps  layers  rounds  min_sample  dopri5 tol
@@ -95,6 +98,12 @@ TOLERANCES = {
     ("fixed", "float64"): 1e-10, ("fixed", "float32"): 1e-4,
     ("adaptive", "float64"): 1e-4, ("adaptive", "float32"): 1e-3,
     ("adjoint", "float64"): 1e-3, ("adjoint", "float32"): 1e-2,
+}
+# The same program with other XLA flags: what the tests would accept as the same number.
+FLAG_TOLERANCES = {
+    ("fixed", "float64"): 1e-12, ("fixed", "float32"): 1e-5,
+    ("adaptive", "float64"): 1e-6, ("adaptive", "float32"): 1e-4,
+    ("adjoint", "float64"): 1e-6, ("adjoint", "float32"): 1e-4,
 }
 LR = 0.1
 
@@ -151,7 +160,14 @@ def jax_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int
 
     from svflow_jax.flow import AttentionField
     from svflow_jax.flow.attention import AttentionParams
-    from svflow_jax.solvers import RK4, Retracted, RetractedEuler, StoredAdjoint, solve
+    from svflow_jax.solvers import (
+        RK4,
+        Retracted,
+        RetractedEuler,
+        ScanAdjoint,
+        StoredAdjoint,
+        solve,
+    )
     from svflow_jax.transformer import Transformer, layer_params
 
     sys.path.insert(0, str(HERE))
@@ -181,6 +197,11 @@ def jax_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int
         "grad_rk4": jax.grad(lambda p: loss(p, rk4, num_steps=steps)),
         "grad_rk4_stored": jax.grad(
             lambda p: loss(p, rk4, num_steps=steps, adjoint=StoredAdjoint())),
+        "grad_rk4_recur": jax.grad(lambda p: loss(
+            p, rk4, num_steps=steps, adjoint=diffrax.RecursiveCheckpointAdjoint())),
+        "grad_rk4_dots": jax.grad(lambda p: loss(
+            p, rk4, num_steps=steps,
+            adjoint=ScanAdjoint(remat=jax.checkpoint_policies.dots_saveable))),
         "grad_dopri5": jax.grad(lambda p: loss(p, dopri, stepsize_controller=pid)),
     }
     fns["grad_dopri5_adj"] = fns["grad_dopri5"]
@@ -308,6 +329,8 @@ def torch_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: i
         "fwd_dopri5": (lambda: dopri(fixed), ()),
         "grad_rk4": (gradient(rk4), ()),
         "grad_rk4_stored": (gradient(rk4), ()),
+        "grad_rk4_recur": (gradient(rk4), ()),
+        "grad_rk4_dots": (gradient(rk4), ()),
         "grad_dopri5": (gradient(dopri), ()),
         "grad_dopri5_adj": (grad_adjoint, ()),
     }
@@ -457,10 +480,12 @@ def worker(framework: str) -> None:
 class Worker:
     """A worker subprocess and its JSON line protocol."""
 
-    def __init__(self, framework: str):
+    def __init__(self, framework: str, xla_flags: str | None = None):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
+        if xla_flags:  # added to the caller's own XLA_FLAGS
+            env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), xla_flags]))
         self.framework = framework
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", framework],
@@ -495,13 +520,15 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b))) / scale
 
 
-def agreement(jax_out: dict, torch_out: dict, dtype: str, cases=CASES) -> dict[str, dict]:
+def agreement(jax_out: dict, torch_out: dict, dtype: str, cases=CASES,
+              tolerances=None) -> dict[str, dict]:
     """Per case: the largest relative error over its outputs, the tolerance, ok."""
+    tolerances = TOLERANCES if tolerances is None else tolerances
     result = {}
     for case in cases:
         keys = [k for k in jax_out if k.startswith(case + "/")]
         err = max(relative_error(jax_out[k], torch_out[k]) for k in keys)
-        tol = TOLERANCES[(case_kind(case), dtype)]
+        tol = tolerances[(case_kind(case), dtype)]
         result[case] = {"relative_error": err, "tolerance": tol, "ok": bool(err <= tol)}
     return result
 
@@ -517,6 +544,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory workers")
     parser.add_argument("--jax-only", action="store_true",
                         help="the project's side alone (no torch needed)")
+    parser.add_argument("--xla-flags", default=None, metavar="FLAGS",
+                        help="no torch: time the project with these XLA_FLAGS against the "
+                        "project without them (two JAX workers, the same protocol; ratio = "
+                        "time without / time with, above 1: the flags help)")
     parser.add_argument("--out", default="results/peer")
     parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -562,11 +593,17 @@ def main(argv: list[str] | None = None) -> dict:
         cfg["sizes"] = args.sizes
     rounds = args.rounds or cfg["rounds"]
     min_sample = cfg["min_sample"] if args.min_sample is None else args.min_sample
-    frameworks = ("jax",) if args.jax_only else ("jax", "torch")
+    if args.xla_flags is not None:  # two JAX workers: without and with the flags
+        frameworks, spawn = ("jax", "flags"), {"jax": ("jax", None),
+                                               "flags": ("jax", args.xla_flags)}
+        args.no_memory = True
+    else:
+        frameworks = ("jax",) if args.jax_only else ("jax", "torch")
+        spawn = {fw: (fw, None) for fw in frameworks}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    workers = {fw: Worker(fw) for fw in frameworks}
+    workers = {fw: Worker(*spawn[fw]) for fw in frameworks}
     versions = {}
     runs = []
     try:
@@ -584,9 +621,13 @@ def main(argv: list[str] | None = None) -> dict:
                     first[fw] = wk(op="outputs", key=key, path=str(path),
                                    cases=args.cases)["first_call_s"]
                     outs[fw] = dict(np.load(path))
-                agree = (agreement(outs["jax"], outs["torch"], dtype, args.cases)
-                         if "torch" in outs
-                         else {c: {"ok": True, "relative_error": None} for c in args.cases})
+                if "torch" in outs:
+                    agree = agreement(outs["jax"], outs["torch"], dtype, args.cases)
+                elif "flags" in outs:
+                    agree = agreement(outs["flags"], outs["jax"], dtype, args.cases,
+                                      FLAG_TOLERANCES)
+                else:
+                    agree = {c: {"ok": True, "relative_error": None} for c in args.cases}
                 timed = [c for c in args.cases if agree[c]["ok"]]
                 number = {(fw, c): wk(op="calibrate", key=key, case=c,
                                       min_sample=min_sample)["number"]
@@ -610,6 +651,8 @@ def main(argv: list[str] | None = None) -> dict:
                         )
                         if "torch" in med:
                             entry["ratio_torch_over_project"] = med["torch"] / med["jax"]
+                        if "flags" in med:
+                            entry["ratio_without_over_with_flags"] = med["jax"] / med["flags"]
                     cases[c] = entry
                 if not args.no_memory:
                     for c in (c for c in args.cases if c in GRADIENT_CASES):
@@ -626,11 +669,11 @@ def main(argv: list[str] | None = None) -> dict:
             wk.close()
 
     for fw in frameworks:
-        versions.update(_versions(fw))
+        versions.update(_versions(spawn[fw][0]))
     result = {
         "schema": 1,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "mode": mode, "jax_only": args.jax_only,
+        "mode": mode, "jax_only": args.jax_only, "compared_xla_flags": args.xla_flags,
         "settings": {**cfg, "rounds": rounds, "min_sample_s": min_sample,
                      "tolerances": {f"{k}/{t}": v for (k, t), v in TOLERANCES.items()},
                      "torch_threads": os.environ.get("PEER_TORCH_THREADS", os.cpu_count()),
@@ -664,9 +707,13 @@ def markdown(result: dict) -> str:
     """Ratios torch / project per case (columns: size, dtype), then the memory figures."""
     runs = result["runs"]
     cols = [f"n={r['n']}, d={r['d']}, {r['dtype']}" for r in runs]
+    flags = result.get("compared_xla_flags")
+    what = (f"ratio = time without / time with XLA_FLAGS={flags!r} (above 1: the flags help)"
+            if flags is not None else
+            "ratio = torch time / project time (above 1: the project is faster)")
     lines = [f"Peer benchmark ({result['mode']}, {result['created']}, "
              f"{result['machine']['cpu_count']} CPUs, {result['settings']['rounds']} rounds); "
-             "ratio = torch time / project time (above 1: the project is faster)", "",
+             + what, "",
              "| case | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for case in CASES:
         cells = []
@@ -678,11 +725,15 @@ def markdown(result: dict) -> str:
                 cells.append(f"disagree ({e['agreement']['relative_error']:.1e})")
             elif "ratio_torch_over_project" in e:
                 cells.append(f"{e['ratio_torch_over_project']:.2f}")
+            elif "ratio_without_over_with_flags" in e:
+                cells.append(f"{e['ratio_without_over_with_flags']:.2f}")
             elif "median_s" in e:
                 cells.append(f"{e['median_s']['jax'] * 1e3:.3g} ms")
             else:
                 cells.append("")
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    if not any(e.get("memory") for r in runs for e in r["cases"].values()):
+        return "\n".join(lines) + "\n"
     lines += ["", "Peak memory of one gradient call (growth of peak RSS in a fresh worker; "
               "XLA temp buffers in brackets), MiB:", "",
               "| case | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from .cli_types import int_at_least, nonnegative_int, positive_float, positive_int
+from .xla_settings import use_project_flags
 
 _int_at_least = int_at_least
 _positive_int = positive_int
@@ -94,10 +95,11 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             bar.set_postfix_str(name)
             bar.update(1)
 
-        results, compile_info = verify.run(options, chosen, progress=tick)
+        jobs = args.jobs or ((os.cpu_count() or 1) if args.quick else 1)
+        results, compile_info = verify.run(options, chosen, progress=tick, workers=jobs)
     summary = verify.summary(results, options, compile_info,
                              {"quick": args.quick, "only": args.only, "out": str(out),
-                              "compile_cache": cache})
+                              "compile_cache": cache, "jobs": jobs})
     report.write_all(out, summary)
     _print_verify(summary, out)
     return 0 if summary["passed"] else 1
@@ -276,7 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="multiply every sweep's step counts (default 1)")
     verify.add_argument("--quick", action="store_true",
                         help="small defaults (n=4, d=8, 4 layers, depths 16..64, 1 timing "
-                        "repeat); explicit options still win")
+                        "repeat, claims in parallel); explicit options still win")
+    verify.add_argument("--jobs", type=_positive_int,
+                        help="claims run at once, in threads (default 1; --quick: one per CPU "
+                        "core, which overlaps compilation but shares the machine between the "
+                        "claims' timings)")
     verify.add_argument("--only", nargs="+", metavar="PREFIX",
                         help="run only the claims whose name starts with PREFIX")
     verify.add_argument("--list", action="store_true", help="list the claims and exit")
@@ -337,17 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --quick: tiny problems, where run time is nothing and compile time everything; XLA's
-# backend optimisations are skipped (results stay within every claim's tolerance). A user's
-# own XLA_FLAGS win. Set before JAX starts its CPU client.
-QUICK_XLA_FLAGS = "--xla_backend_optimization_level=0"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "verify" and args.quick and "XLA_FLAGS" not in os.environ:
-        os.environ["XLA_FLAGS"] = QUICK_XLA_FLAGS
+    # svflow_jax.xla_settings: before JAX starts its CPU client; a user's XLA_FLAGS win
+    use_project_flags(quick=args.command == "verify" and args.quick)
     sub = parser._subparsers._group_actions[0].choices[args.command]  # for error messages
     return args.run(args, sub)
 

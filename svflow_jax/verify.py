@@ -116,7 +116,7 @@ def compile_stats() -> Iterator[CompileStats]:
 
 def run(
     options: Options, claims: Iterable[Claim] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, workers: int = 1,
 ) -> tuple[list[ClaimResult], dict[str, Any]]:
     """Runs ``claims`` (default: every registered claim); returns the results and the compile
     statistics (with ``total_s``).
@@ -124,7 +124,9 @@ def run(
     Args:
         options: the run's sizes, dtype and seed.
         claims: the claims to run (:func:`svflow_jax.claims.select`); default all.
-        progress: called with each claim's name as it starts.
+        progress: called with each claim's name when it is done.
+        workers: claims run at once, in threads (:func:`svflow_jax.claims.run_claims`); the
+            compile statistics then add up the threads' seconds.
 
     Returns:
         ``(results, compile)``: one :class:`~svflow_jax.claims.ClaimResult` per claim, and the
@@ -133,7 +135,7 @@ def run(
     claims = select() if claims is None else list(claims)
     start = time.perf_counter()
     with compile_stats() as stats:
-        results = run_claims(Context(options), claims, progress)
+        results = run_claims(Context(options), claims, progress, workers)
     total = time.perf_counter() - start
     return results, {**stats.as_dict(total), "total_s": total}
 

@@ -132,3 +132,24 @@ def test_random_params_are_the_stated_distribution():
     flat = jnp.concatenate([jnp.ravel(v) for v in problem.random_params(config, 0).values()])
     assert abs(float(flat.std()) / config.init_std - 1) < 0.02
     assert abs(float(flat.mean())) < 0.02 * config.init_std
+
+
+def test_claims_in_threads_give_the_same_results():
+    """``run_claims(workers=2)`` (``svflow verify --quick``): the same figures as one at a time,
+    in the claims' order, each shared object built once."""
+    chosen = claims.select(["exactness/postnorm-projected", "order/heun", "splitting/strang-euler",
+                            "exactness/gqa"])
+    small = claims.Options(tokens=4, dim=8, layers=4, repeats=1, depths=(16, 32, 64))
+    one = claims.run_claims(claims.Context(small), chosen)
+    ctx = claims.Context(small)
+    built = []
+    ctx.shared("probe", lambda: built.append(1) or "x")
+    done = []
+    two = claims.run_claims(ctx, chosen, progress=done.append, workers=2)
+    assert [r.name for r in two] == [c.name for c in chosen] and sorted(done) == sorted(
+        c.name for c in chosen)
+    for a, b in zip(one, two, strict=True):
+        assert a.figures == b.figures and a.passed == b.passed, a.name
+    assert ctx.shared("probe", lambda: built.append(1) or "y") == "x" and built == [1]
+    with pytest.raises(ValueError, match="workers"):
+        claims.run_claims(ctx, chosen, workers=0)

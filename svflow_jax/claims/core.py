@@ -13,8 +13,10 @@ test problem, its reference solution), built once, lazily.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -124,10 +126,17 @@ class Context:
     def __init__(self, options: Options | None = None, **changes: Any):
         self.options = dataclasses.replace(options or Options(), **changes)
         self._shared: dict[Any, Any] = {}
+        self._locks: dict[Any, threading.RLock] = {}
+        self._guard = threading.Lock()
 
     def shared(self, key: Any, build: Callable[[], Any]) -> Any:
-        if key not in self._shared:
-            self._shared[key] = build()
+        # One lock per key: claims running in threads (run_claims(workers=...)) build each
+        # shared object once, and wait for each other only on the same key.
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.RLock())
+        with lock:
+            if key not in self._shared:
+                self._shared[key] = build()
         return self._shared[key]
 
 
@@ -247,12 +256,31 @@ def select(patterns: Iterable[str] | None = None) -> list[Claim]:
 
 def run_claims(
     ctx: Context, claims: Iterable[Claim] | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, workers: int = 1,
 ) -> list[ClaimResult]:
-    """Runs ``claims`` (default: every registered claim) in order on one context."""
-    results = []
-    for c in (select() if claims is None else claims):
-        results.append(c.run(ctx))
-        if progress:
-            progress(c.name)
-    return results
+    """Runs ``claims`` (default: every registered claim) on one context; results in the claims'
+    order.
+
+    ``workers > 1`` runs that many claims at once in threads: XLA compiles and runs programs
+    without holding Python's lock, so on a run that is mostly compilation (``svflow verify
+    --quick``) one claim's tracing overlaps another's compilation. Each claim's ``seconds`` (and
+    any timing it reports) is then measured on a shared machine. ``progress`` is called with a
+    claim's name when it finishes.
+    """
+    claims = select() if claims is None else list(claims)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1:
+        results = []
+        for c in claims:
+            results.append(c.run(ctx))
+            if progress:
+                progress(c.name)
+        return results
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(c.run, ctx): c for c in claims}
+        for done in concurrent.futures.as_completed(futures):
+            done.result()  # a claim that raised raises here
+            if progress:
+                progress(futures[done].name)
+    return [f.result() for f in futures]
