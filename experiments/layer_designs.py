@@ -25,7 +25,7 @@ A second, small task where depth matters (two-hop associative recall, accuracy) 
 subset of the designs.
 
 Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
-8 designs: 24 minutes on 2 CPU cores (measured; the target is 45). ``--quick`` (CI): ``d = 16``,
+8 designs: 18 minutes on 2 CPU cores (measured; the target is 45). ``--quick`` (CI): ``d = 16``,
 two designs, 2 seeds, 12 steps, budget 4: under 2 minutes.
 
 Outputs in ``--out``: ``config.json``, ``runs/<task>/<design>-seed<k>/`` (each run's config,
