@@ -419,7 +419,7 @@ def flow_states(
         return sol.ys[every] * flow.radius
     solver = WithinStep(_block_solver(config.block, diffrax.Euler()) if solver is None
                         else solver)
-    # Pre-norm states are not on the sphere: plain diffrax on the ambient ODE.
+    # Pre-norm states are not on the sphere: the ambient ODE, stepped without a retraction.
     kind = "ambient-projected" if config.project_branches else "ambient"
     ys = fixed_step_scan(solver, _terms(flow, config.block, kind), x0 / flow.radius, 0.0,
                          flow.t1, flow.num_layers * m, save_steps=True)

@@ -68,12 +68,19 @@ __all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "unroll_stages"]
 # ---------------------------------------------------------------------------------------------
 
 
+def _coefficients(tableau: ButcherTableau):
+    """``(c, rows, b)`` as Python floats (weakly typed: a float32 state stays float32), with
+    ``c[0] = 0`` and ``rows[i - 1]`` the coefficients of stage ``i``'s input."""
+    c = [0.0] + [float(x) for x in tableau.c]
+    rows = [[float(x) for x in row] for row in tableau.a_lower]
+    return c, rows, [float(x) for x in tableau.b_sol]
+
+
 def _needed_stages(tableau: ButcherTableau) -> list[int]:
     """The stages that the solution ``y1 = y0 + sum_i b_i k_i`` depends on, in order: a stage
     with ``b_i = 0`` that no needed stage reads (an FSAL stage, kept only for an error estimate
     or dense output) is not evaluated."""
-    b = [float(x) for x in tableau.b_sol]
-    rows = [[float(x) for x in row] for row in tableau.a_lower]  # row i-1 = stage i's inputs
+    _, rows, b = _coefficients(tableau)
     needed = {i for i, bi in enumerate(b) if bi != 0.0}
     for i in range(len(b) - 1, 0, -1):
         if i in needed:
@@ -89,8 +96,7 @@ def _unrollable(node) -> bool:
 
 
 def _combine(y0: PyTree, terms: list[tuple[float, PyTree]]) -> PyTree:
-    """``y0 + sum_j a_j k_j`` on PyTrees (the ``a_j`` Python floats: weakly typed, so a float32
-    state stays float32)."""
+    """``y0 + sum_j a_j k_j`` on PyTrees (the ``a_j`` Python floats)."""
     coefficients = [a for a, _ in terms]
 
     def leaf(y, *ks):
@@ -121,9 +127,7 @@ class _UnrolledERK(AbstractSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         tableau = self.solver.tableau
-        c = [0.0] + [float(x) for x in tableau.c]
-        rows = [[float(x) for x in row] for row in tableau.a_lower]
-        b = [float(x) for x in tableau.b_sol]
+        c, rows, b = _coefficients(tableau)
         control = terms.contr(t0, t1)
         ks: dict[int, PyTree] = {}
         for i in _needed_stages(tableau):
@@ -144,6 +148,14 @@ def unroll_stages(solver: AbstractSolver) -> AbstractSolver:
     instead of recomputing them. Not for adaptive solves (no error estimate)."""
     return jtu.tree_map(lambda n: _UnrolledERK(n) if _unrollable(n) else n, solver,
                         is_leaf=_unrollable)
+
+
+def step_times(t0, t1, num_steps: int, dtype) -> Array:
+    """``t_i = t0 + i (t1 - t0) / num_steps`` for ``i = 0..num_steps`` in ``dtype``, with
+    ``t_N = t1`` exactly: the grid of :func:`fixed_step_scan`."""
+    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    ts = t0 + ((t1 - t0) / num_steps) * jnp.arange(num_steps + 1, dtype=dtype)
+    return ts.at[-1].set(t1)
 
 
 def fixed_step_scan(
@@ -175,10 +187,7 @@ def fixed_step_scan(
     """
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-    dtype = jnp.result_type(*jtu.tree_leaves(y0))
-    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
-    ts = t0 + ((t1 - t0) / num_steps) * jnp.arange(num_steps + 1, dtype=dtype)
-    ts = ts.at[-1].set(t1)
+    ts = step_times(t0, t1, num_steps, jnp.result_type(*jtu.tree_leaves(y0)))
     solver = unroll_stages(solver)
     state = solver.init(terms, ts[0], ts[1], y0, args)
 

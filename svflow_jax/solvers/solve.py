@@ -30,7 +30,7 @@ from jaxtyping import Array, ArrayLike, Float, PyTree
 
 from svflow_jax import sphere
 
-from .adjoint import ScanAdjoint, fixed_step_scan
+from .adjoint import ScanAdjoint, fixed_step_scan, step_times
 from .splitting import AbstractSplitting
 
 __all__ = ["SolveError", "solve", "stays_on_sphere", "time_value"]
@@ -461,9 +461,7 @@ def _scan_solve(terms, solver, t0, t1, num_steps: int, y0, args, saveat, remat,
         times.append(jnp.asarray(t0, dtype)[None])
         saved.append(jtu.tree_map(lambda y: y[None], y0))
     if sub.steps:
-        grid = jnp.asarray(t0, dtype) + (jnp.asarray(t1, dtype) - t0) / num_steps * jnp.arange(
-            1, num_steps + 1, dtype=dtype)
-        times.append(grid.at[-1].set(t1))
+        times.append(step_times(t0, t1, num_steps, dtype)[1:])
         saved.append(ys)
     if sub.t1 and not sub.steps:  # as diffrax: the last step's save is t1's
         times.append(jnp.asarray(t1, dtype)[None])
