@@ -99,7 +99,8 @@ def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         results, compile_info = verify.run(options, chosen, progress=tick, workers=jobs)
     summary = verify.summary(results, options, compile_info,
                              {"quick": args.quick, "only": args.only, "out": str(out),
-                              "compile_cache": cache, "jobs": jobs})
+                              "compile_cache": cache, "jobs": jobs,
+                              "xla_flags": os.environ.get("XLA_FLAGS", "")})
     report.write_all(out, summary)
     _print_verify(summary, out)
     return 0 if summary["passed"] else 1

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from svflow_jax import cli
+from svflow_jax.xla_settings import QUICK_FLAGS, use_project_flags
 
 BAD_OPTIONS = [
     (["verify", "--tokens", "0"], "--tokens"),
@@ -117,10 +118,20 @@ def test_verify_quick_end_to_end(tmp_path):
 
     assert [c["name"] for c in summary["claims"]] == list(all_claims())
     assert summary["compile"]["xla_compilations"] > 0
+    assert summary["config"]["xla_flags"] == os.environ.get("XLA_FLAGS", QUICK_FLAGS)
     for name in ("report.md", "config.json", "claims.csv", "convergence.png",
                  "work_precision.png", "drift.png", "stacks.png"):
         assert (out / name).exists(), name
     assert "PASS" in (out / "report.md").read_text()
+
+
+def test_project_flags_for_quick_runs_unless_the_user_set_their_own(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert use_project_flags(quick=True) == QUICK_FLAGS == os.environ["XLA_FLAGS"]
+    monkeypatch.delenv("XLA_FLAGS")
+    assert use_project_flags(quick=False) == "" and "XLA_FLAGS" not in os.environ
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_xnnpack=true")
+    assert use_project_flags(quick=True) == "--xla_cpu_use_xnnpack=true"
 
 
 def test_compilation_cache_is_reused(tmp_path):
