@@ -24,7 +24,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jaxtyping import Array, Float
 
 from .. import correspondence
@@ -66,7 +65,7 @@ def transformer_config(ctx: Context, **changes) -> TransformerConfig:
 
 def random_params(config: TransformerConfig, seed: int) -> dict[str, Array]:
     """Every weight ``N(0, init_std^2)`` (NumPy ``default_rng(seed)``), Norm gains 1."""
-    shapes = jax.eval_shape(lambda: layer_params(Transformer(config, rngs=nnx.Rngs(0))))
+    shapes = layer_params(Transformer.abstract(config))
     rng = np.random.default_rng(seed)
     params = {name: jnp.asarray(config.init_std * rng.standard_normal(a.shape), a.dtype)
               for name, a in sorted(shapes.items())}

@@ -13,16 +13,20 @@
 Definitions: ``docs/theory.md``, section 19.
 """
 
-from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
-from .study import (
-    METRICS,
-    QUICK,
-    Diagnosis,
-    StudyConfig,
-    across_models,
-    analyse_shuffle,
-    diagnose,
-)
+import importlib
+from typing import Any
 
-__all__ = ["LayerSummaries", "scale_attention_logits", "window_diagnostics", "METRICS", "QUICK",
-           "Diagnosis", "StudyConfig", "across_models", "analyse_shuffle", "diagnose"]
+# Loaded on first use (PEP 562), so that ``svflow verify`` does not import the diagnostics
+# stack just to list ``svflow diagnose``'s options.
+_WHERE = {"LayerSummaries": ".extract", "scale_attention_logits": ".extract",
+          "window_diagnostics": ".extract", "METRICS": ".study", "QUICK": ".study",
+          "Diagnosis": ".study", "StudyConfig": ".study", "across_models": ".study",
+          "analyse_shuffle": ".study", "diagnose": ".study"}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

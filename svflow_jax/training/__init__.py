@@ -8,17 +8,19 @@
 * :mod:`.cli`: the ``svflow train`` subcommand.
 """
 
-from .tasks import AustenBytes, MultiHopRecall, get_task
-from .trainer import TrainConfig, TrainResult, evaluate, loss_and_count, make_optimizer, train
+import importlib
+from typing import Any
 
-__all__ = [
-    "AustenBytes",
-    "MultiHopRecall",
-    "get_task",
-    "TrainConfig",
-    "TrainResult",
-    "train",
-    "evaluate",
-    "loss_and_count",
-    "make_optimizer",
-]
+# Loaded on first use (PEP 562), so that other subcommands do not import optax and orbax just
+# to list ``svflow train``'s options.
+_WHERE = {"AustenBytes": ".tasks", "MultiHopRecall": ".tasks", "get_task": ".tasks",
+          "TrainConfig": ".trainer", "TrainResult": ".trainer", "train": ".trainer",
+          "evaluate": ".trainer", "loss_and_count": ".trainer", "make_optimizer": ".trainer"}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

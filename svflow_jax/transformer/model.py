@@ -36,6 +36,7 @@ depth.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -406,6 +407,11 @@ class Block(nnx.Module):
 # --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _abstract_parts(cls: type, config: TransformerConfig):
+    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+
+
 class Transformer(nnx.Module):
     """``L`` layers on hidden states ``(..., n, d)``, with the input Norm (post-norm) or the
     final Norm (pre-norm, if ``final_norm``).
@@ -427,6 +433,14 @@ class Transformer(nnx.Module):
         self.final_norm = Norm(config) if not post and config.final_norm else None
 
     @classmethod
+    def abstract(cls, config: TransformerConfig) -> Transformer:
+        """A model of ``config``'s structure whose parameters are ``jax.ShapeDtypeStruct`` s:
+        no random draws (compiling the PRNG on CPU costs seconds per new shape), and a fresh
+        copy of a structure built once per configuration (building it takes ~10 ms; tracing a
+        program, or drawing random weights, asks for it again and again)."""
+        return nnx.merge(*_abstract_parts(cls, config), copy=True)
+
+    @classmethod
     def from_layer_params(
         cls,
         config: TransformerConfig,
@@ -441,9 +455,7 @@ class Transformer(nnx.Module):
             set_outer_norm_params,
         )
 
-        # Build the structure abstractly (no random draws: compiling the PRNG on CPU costs
-        # seconds per new shape) and fill in every parameter below.
-        model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+        model = cls.abstract(config)
         set_layer_params(model, params)
         if outer_params is None:
             outer_params = {  # the abstract model holds shapes only: read them, not values

@@ -118,7 +118,7 @@ def _set(variables: dict[str, nnx.Param], params: Mapping[str, Array], what: str
 
 def layer_params(model: Transformer) -> dict[str, Array]:
     """The per-layer parameters, stacked along a leading layer axis (layout: module docstring)."""
-    return {name: var[...] for name, var in _layer_vars(model).items()}
+    return {name: var.get_value() for name, var in _layer_vars(model).items()}
 
 
 def set_layer_params(model: Transformer, params: Mapping[str, Array]) -> None:
@@ -128,7 +128,7 @@ def set_layer_params(model: Transformer, params: Mapping[str, Array]) -> None:
 
 def outer_norm_params(model: Transformer) -> dict[str, Array]:
     """Gain/bias of the stack's input (post-norm) or final (pre-norm) Norm, if any."""
-    return {name: var[...] for name, var in _outer_vars(model).items()}
+    return {name: var.get_value() for name, var in _outer_vars(model).items()}
 
 
 def set_outer_norm_params(model: Transformer, params: Mapping[str, Array]) -> None:
