@@ -14,16 +14,26 @@ Definitions: ``docs/theory.md``, section 19.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names are, for readers and the API docs
+    from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
+    from .study import (
+        METRICS,
+        QUICK,
+        Diagnosis,
+        StudyConfig,
+        across_models,
+        analyse_shuffle,
+        diagnose,
+    )
+
+__all__ = ["LayerSummaries", "scale_attention_logits", "window_diagnostics", "METRICS", "QUICK",
+           "Diagnosis", "StudyConfig", "across_models", "analyse_shuffle", "diagnose"]
 
 # Loaded on first use (PEP 562), so that ``svflow verify`` does not import the diagnostics
 # stack just to list ``svflow diagnose``'s options.
-_WHERE = {"LayerSummaries": ".extract", "scale_attention_logits": ".extract",
-          "window_diagnostics": ".extract", "METRICS": ".study", "QUICK": ".study",
-          "Diagnosis": ".study", "StudyConfig": ".study", "across_models": ".study",
-          "analyse_shuffle": ".study", "diagnose": ".study"}
-
-__all__ = list(_WHERE)
+_WHERE = {name: ".extract" if i < 3 else ".study" for i, name in enumerate(__all__)}
 
 
 def __getattr__(name: str) -> Any:
