@@ -392,6 +392,21 @@ def test_matches_numpy_reference(case):
     assert np.max(np.abs(states[-1] - states[0])) > 0.1
 
 
+def test_abstract_model_is_a_fresh_copy_with_the_real_shapes():
+    """``Transformer.abstract`` (built once per configuration, copied on every call) has the
+    parameter shapes and dtypes of a real model, and filling one copy leaves the next abstract."""
+    cfg = TransformerConfig(**BASE, block="sequential", norm_position="post", norm_gain=True)
+    real = Transformer(cfg, rngs=nnx.Rngs(0))
+    first = Transformer.abstract(cfg)
+    want = {k: (v.shape, v.dtype) for k, v in layer_params(real).items()}
+    assert {k: (v.shape, v.dtype) for k, v in layer_params(first).items()} == want
+    assert all(isinstance(v, jax.ShapeDtypeStruct) for v in layer_params(first).values())
+    set_layer_params(first, layer_params(real))
+    second = Transformer.abstract(cfg)
+    assert all(isinstance(v, jax.ShapeDtypeStruct) for v in layer_params(second).values())
+    assert all(isinstance(v, jax.Array) for v in layer_params(first).values())
+
+
 def test_hidden_states_per_layer():
     """Layer-level states are every S-th sub-step state; the output is their final Norm."""
     cfg = TransformerConfig(**BASE, block="macaron", norm_position="pre", causal=True)
