@@ -36,7 +36,6 @@ metrics, checkpoints, summary: an interrupted experiment resumes), ``results.jso
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import sys
@@ -241,15 +240,15 @@ def _transfer_words(row) -> str:
 
 
 def write_table(out: Path, results: dict) -> None:
-    with open(out / "table.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["design", "blocks", "evaluations", "parameters", "val_bpc_mean",
-                    "val_bpc_halfwidth95", "transfer", "train_tokens_per_s",
-                    "inference_tokens_per_s"])
-        for r in results["austen"]:
-            w.writerow([r["design"], r["blocks"], r["evaluations"], r["parameters"],
-                        r["val_bpc"][0], r["val_bpc"][1], _transfer_words(r),
-                        round(r["train_tokens_per_s"]), round(r["inference_tokens_per_s"])])
+    from svflow_jax.tables import write_csv
+
+    write_csv(out / "table.csv", [
+        {"design": r["design"], "blocks": r["blocks"], "evaluations": r["evaluations"],
+         "parameters": r["parameters"], "val_bpc_mean": r["val_bpc"][0],
+         "val_bpc_halfwidth95": r["val_bpc"][1], "transfer": _transfer_words(r),
+         "train_tokens_per_s": round(r["train_tokens_per_s"]),
+         "inference_tokens_per_s": round(r["inference_tokens_per_s"])}
+        for r in results["austen"]])
 
 
 def figures(out: Path, s, runs, interval) -> None:

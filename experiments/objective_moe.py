@@ -247,8 +247,8 @@ def write_csvs(out: Path, runs: list[dict]) -> None:
                 rows.append(row)
     write_csv(out / "curves.csv", rows)
     write_csv(out / "final.csv", [{"arm": arm(r["config"]), "seed": r["config"]["seed"],
-                                    "seconds": r["seconds"], **scalars(r["final"], r["config"])}
-                                   for r in runs])
+                                   "seconds": r["seconds"], **scalars(r["final"], r["config"])}
+                                  for r in runs])
 
 
 def figures(out: Path, runs: list[dict]) -> list[str]:
@@ -357,9 +357,9 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     v = verdicts(table, s["top_ks"])
     write_csvs(out, runs)
     write_csv(out / "table.csv", [{"arm": n, "seeds": r["seeds"],
-                                    **{m: r[m]["mean"] for m in MEASURES if m in r},
-                                    **{m + "_half": r[m]["half"] for m in MEASURES if m in r}}
-                                   for n, r in table.items()])
+                                   **{m: r[m]["mean"] for m in MEASURES if m in r},
+                                   **{m + "_half": r[m]["half"] for m in MEASURES if m in r}}
+                                  for n, r in table.items()])
     figs = figures(out, runs)
     reg = paired_differences(runs, "dense / none", "dense / jvar", REG_MEASURES)
     summary = {"settings": s, "quick": quick, "runs": len(runs), "seconds": seconds,

@@ -128,8 +128,9 @@ def write_tables(out: Path, summary: dict[str, Any]) -> None:
          "change": e["change"][t] if "change" in e else None}
         for n, e in sh["depth"].items() for t, s in enumerate(e["sensitivity"])])
     if summary.get("scaling"):
-        write_csv(out / "scaling.csv", [{k: v for k, v in r.items() if not k.endswith("_per_layer")}
-                                   for r in summary["scaling"]["rows"]])
+        write_csv(out / "scaling.csv", [
+            {k: v for k, v in r.items() if not k.endswith("_per_layer")}
+            for r in summary["scaling"]["rows"]])
 
 
 def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
