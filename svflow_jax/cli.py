@@ -32,11 +32,6 @@ from pathlib import Path
 from .cli_types import int_at_least, nonnegative_int, positive_float, positive_int
 from .xla_settings import use_project_flags
 
-_int_at_least = int_at_least
-_positive_int = positive_int
-_seed = nonnegative_int
-_positive_float = positive_float
-
 
 def _default_out(command: str) -> str:
     return str(Path("results") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -238,18 +233,18 @@ def _inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default: results/<command>-<time>)")
-    p.add_argument("--seed", type=_seed, help="random seed, >= 0 (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, help="random seed, >= 0 (default 0)")
     p.add_argument("--dtype", choices=("float64", "float32"),
                    help="floating-point type of states and parameters (default float64)")
-    p.add_argument("--tokens", type=_positive_int, help="number of tokens n (default 8)")
-    p.add_argument("--dim", type=_positive_int,
+    p.add_argument("--tokens", type=positive_int, help="number of tokens n (default 8)")
+    p.add_argument("--dim", type=positive_int,
                    help="dimension d of R^d, even, >= 2 (default 16)")
-    p.add_argument("--t1", type=_positive_float, help="final time T (default 1)")
-    p.add_argument("--strength", type=_positive_float,
+    p.add_argument("--t1", type=positive_float, help="final time T (default 1)")
+    p.add_argument("--strength", type=positive_float,
                    help="scale of the random weights: the speed of the flow (default 1)")
-    p.add_argument("--repeats", type=_positive_int,
+    p.add_argument("--repeats", type=positive_int,
                    help="timed repetitions per solve; the median is reported (default 3)")
-    p.add_argument("--num-sizes", type=_positive_int,
+    p.add_argument("--num-sizes", type=positive_int,
                    help="step sizes per solver sweep, >= 3 (default: per solver)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-compile-cache", action="store_true",
@@ -273,14 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
         "2: bad options.",
     )
     _add_common(verify)
-    verify.add_argument("--layers", type=_positive_int,
+    verify.add_argument("--layers", type=positive_int,
                         help="depth of the Transformers of the exactness claims (default 8)")
-    verify.add_argument("--step-scale", type=_positive_float,
+    verify.add_argument("--step-scale", type=positive_float,
                         help="multiply every sweep's step counts (default 1)")
     verify.add_argument("--quick", action="store_true",
                         help="small defaults (n=4, d=8, 4 layers, depths 16..64, 1 timing "
                         "repeat, claims in parallel); explicit options still win")
-    verify.add_argument("--jobs", type=_positive_int,
+    verify.add_argument("--jobs", type=positive_int,
                         help="claims run at once, in threads (default 1; --quick: one per CPU "
                         "core, which overlaps compilation but shares the machine between the "
                         "claims' timings)")
@@ -300,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sweep)
     sweep.add_argument("--solvers", "--solver", nargs="+", default=["euler", "heun", "rk4"],
                        help="registered names or package.module:Class (default: euler heun rk4)")
-    sweep.add_argument("--steps", type=_positive_int, nargs=2, metavar=("FIRST", "LAST"),
+    sweep.add_argument("--steps", type=positive_int, nargs=2, metavar=("FIRST", "LAST"),
                        help="first and last number of steps (default: per solver)")
     sweep.set_defaults(run=_sweep)
 
@@ -318,14 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", help="packaged model name, Hugging Face folder or GGUF file")
     inspect.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
                          "shipped with the package)")
-    inspect.add_argument("--windows", type=_positive_int, help="text windows (default 8)")
-    inspect.add_argument("--window", type=_int_at_least(2, "tokens per window"),
+    inspect.add_argument("--windows", type=positive_int, help="text windows (default 8)")
+    inspect.add_argument("--window", type=int_at_least(2),
                          help="tokens per window (default 128)")
-    inspect.add_argument("--substeps", type=_int_at_least(2, "Euler sub-steps per layer"),
+    inspect.add_argument("--substeps", type=int_at_least(2),
                          nargs="+", help="Euler sub-steps per layer (default 2 4 8)")
     inspect.add_argument("--schemes", nargs="*", choices=("heun", "rk4"),
                          help="higher-order schemes per layer (default heun rk4)")
-    inspect.add_argument("--exactness-tokens", type=_positive_int,
+    inspect.add_argument("--exactness-tokens", type=positive_int,
                          help="tokens of the float64/float32 exactness check (default 64)")
     inspect.add_argument("--quick", action="store_true",
                          help="1 window of 24 tokens, sub-steps 2 4, 16 exactness tokens")

@@ -33,6 +33,10 @@ BAD_OPTIONS = [
     (["sweep", "--steps", "4", "6", "--num-sizes", "8"], "do not fit"),
     (["sweep", "--solvers", "nonsense"], "nonsense"),
     (["sweep", "--solvers", "no_such_module:Thing"], "no_such_module"),
+    (["inspect", "smollm2-135m-instruct", "--window", "1"],
+     "argument --window: must be a whole number >= 2, got '1'"),
+    (["inspect", "smollm2-135m-instruct", "--substeps", "2", "1"],
+     "argument --substeps: must be a whole number >= 2, got '1'"),
 ]
 
 

@@ -12,12 +12,6 @@ from ..cli_types import fraction, int_at_least, positive_float
 __all__ = ["add_diagnose_parser", "run_diagnose"]
 
 
-def _int_at_least(minimum: int):
-    return int_at_least(minimum)
-
-
-_fraction, _positive = fraction, positive_float
-
 OPTIONS = ("model", "text", "context", "scored", "windows", "levels", "permutations", "seed",
            "bootstrap", "ece_bins", "scaling_factors", "scaling_level", "scaling_windows")
 
@@ -38,25 +32,25 @@ def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
                    "all-minilm-l6-v2) or a checkpoint path (default smollm2-135m-instruct)")
     p.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
                    "svflow_jax/data/emma_opening.txt)")
-    p.add_argument("--context", type=_int_at_least(2), help="tokens per window (default 128)")
-    p.add_argument("--scored", type=_int_at_least(1),
+    p.add_argument("--context", type=int_at_least(2), help="tokens per window (default 128)")
+    p.add_argument("--scored", type=int_at_least(1),
                    help="scored tokens at the end of each window (default 32)")
-    p.add_argument("--windows", type=_int_at_least(1), help="number of windows (default 32)")
-    p.add_argument("--levels", type=_fraction, nargs="+", metavar="FRACTION",
+    p.add_argument("--windows", type=int_at_least(1), help="number of windows (default 32)")
+    p.add_argument("--levels", type=fraction, nargs="+", metavar="FRACTION",
                    help="shuffled fractions of the prefix, increasing, including 0 "
                    "(default 0 0.2 0.4 0.6 0.8 1)")
-    p.add_argument("--permutations", type=_int_at_least(1),
+    p.add_argument("--permutations", type=int_at_least(1),
                    help="permutations per non-zero level (default 3)")
-    p.add_argument("--seed", type=_int_at_least(0), help="seed (default 0)")
-    p.add_argument("--bootstrap", type=_int_at_least(1),
+    p.add_argument("--seed", type=int_at_least(0), help="seed (default 0)")
+    p.add_argument("--bootstrap", type=int_at_least(1),
                    help="bootstrap resamples of the windows (default 1000)")
-    p.add_argument("--ece-bins", type=_int_at_least(1), help="equal-mass ECE bins (default 10)")
-    p.add_argument("--scaling-factors", type=_positive, nargs="*", metavar="C",
+    p.add_argument("--ece-bins", type=int_at_least(1), help="equal-mass ECE bins (default 10)")
+    p.add_argument("--scaling-factors", type=positive_float, nargs="*", metavar="C",
                    help="attention-logit factors; none: skip the experiment "
                    "(default 0.5 0.75 1 1.5 2 3)")
-    p.add_argument("--scaling-level", type=_fraction,
+    p.add_argument("--scaling-level", type=fraction,
                    help="shuffle level of the scaling experiment (default 1)")
-    p.add_argument("--scaling-windows", type=_int_at_least(1),
+    p.add_argument("--scaling-windows", type=int_at_least(1),
                    help="windows of the scaling experiment (default: --windows)")
     p.add_argument("--quick", action="store_true",
                    help="a small run for CI (48-token windows, 4 windows, 5 levels, 1 "
