@@ -44,6 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX: flags are set in main)
+
 DEFAULT = dict(
     designs=["euler", "heun", "midpoint", "rk4", "geodesic-euler", "crouch-grossman3",
              "lie-trotter", "strang"],
@@ -65,19 +68,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/layer_designs", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
-    p.add_argument("--seeds", type=int, help="seeds per design (default 3; quick 2)")
-    p.add_argument("--steps", type=int, help="optimiser steps per run (default 400; quick 12)")
+    p.add_argument("--seeds", type=positive_int, help="seeds per design (default 3; quick 2)")
+    p.add_argument("--steps", type=positive_int,
+                   help="optimiser steps per run (default 400; quick 12)")
     p.add_argument("--designs", nargs="+", help="designs to compare (default: all eight)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the report from the runs already in --out "
                    "(over the seeds each design has; throughput is measured)")
-    args = p.parse_args(argv)
-    for name in ("seeds", "steps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name} must be a positive integer, got {value}")
-    return args
+    return p.parse_args(argv)
 
 
 def settings(args) -> dict:
@@ -90,11 +89,10 @@ def settings(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from svflow_jax.xla_settings import use_project_flags
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
-    from svflow_jax.designs import DesignConfig
+    from svflow_jax.designs import DesignConfig, get_design
     from svflow_jax.training import TrainConfig
     from svflow_jax.training.compare import (
         count_parameters,
@@ -107,6 +105,12 @@ def main(argv=None) -> int:
     )
 
     s = settings(args)
+    try:  # before anything is written or compiled
+        for name in s["designs"]:
+            get_design(name)
+    except ValueError as err:
+        print(f"{Path(__file__).name}: error: --designs: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "config.json"

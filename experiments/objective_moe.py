@@ -43,6 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
+
+N_EXPERTS = 8  # experts of every MoE arm
+
 DEFAULT = dict(seeds=3, steps=120, top_ks=[1, 2], methods=["none", "switch", "popkl", "jvar"],
                dense_methods=["none", "jvar"], eval_every=50, eval_sequences=64, coef=0.01,
                d_model=64, n_layers=2, n_heads=4, d_ff=64, dense_d_ff=128, context=64,
@@ -68,9 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/objective_moe", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run")
-    p.add_argument("--seeds", type=int, help="seeds per arm (default 3; quick 1)")
-    p.add_argument("--steps", type=int, help="optimiser steps per run (default 120)")
-    p.add_argument("--top-ks", type=int, nargs="+", help="MoE top-k values (default 1 2)")
+    p.add_argument("--seeds", type=positive_int, help="seeds per arm (default 3; quick 1)")
+    p.add_argument("--steps", type=positive_int, help="optimiser steps per run (default 120)")
+    p.add_argument("--top-ks", type=positive_int, nargs="+",
+                   help=f"MoE top-k values, at most {N_EXPERTS} (default 1 2)")
     p.add_argument("--methods", nargs="+", help="MoE methods (default none switch popkl jvar)")
     p.add_argument("--dense-methods", nargs="*", help="plain Transformer methods (default "
                    "none jvar; give none to skip the dense runs: --dense-methods)")
@@ -79,10 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true",
                    help="rewrite the report from runs.jsonl without training")
     args = p.parse_args(argv)
-    for name in ("seeds", "steps"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            p.error(f"--{name} must be >= 1")
+    if args.top_ks and max(args.top_ks) > N_EXPERTS:
+        p.error(f"--top-ks: each must be at most the {N_EXPERTS} experts, got {args.top_ks}")
     if args.coef is not None and not (math.isfinite(args.coef) and args.coef >= 0):
         p.error("--coef must be a finite number >= 0")
     return args
@@ -113,7 +117,7 @@ def run_configs(s: dict):
     for seed in range(s["seeds"]):  # seed-major: a partial run has every arm at seed 0
         for k in s["top_ks"]:
             for m in s["methods"]:
-                out.append(RunConfig(ffn="moe", n_experts=8, top_k=k, method=m, seed=seed,
+                out.append(RunConfig(ffn="moe", n_experts=N_EXPERTS, top_k=k, method=m, seed=seed,
                                      d_ff=s["d_ff"], **common))
         for m in s["dense_methods"]:
             out.append(RunConfig(ffn="gelu", method=m, seed=seed, d_ff=s["dense_d_ff"], **common))
@@ -395,7 +399,6 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from svflow_jax.xla_settings import use_project_flags
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win

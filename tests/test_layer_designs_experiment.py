@@ -10,7 +10,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    (["--seeds", "0"], "argument --seeds: must be a positive integer"),
+    (["--steps", "x"], "argument --steps"),
+    (["--designs", "euler", "nope"], "unknown design 'nope'"),
+    (["--designs", "no_such_module:Thing"], "cannot import design"),
+])
+def test_bad_options_exit_2_before_anything_is_written(tmp_path, bad, named):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "layer_designs.py"),
+                           "--quick", "--out", str(tmp_path / "ld"), *bad], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert named in proc.stderr
+    assert not (tmp_path / "ld").exists()
 
 
 def test_quick_experiment_writes_the_report(tmp_path):

@@ -39,7 +39,12 @@ def test_quick_subset_writes_report(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-@pytest.mark.parametrize("bad", [["--steps", "0"], ["--coef", "-1"], ["--methods", "bogus"]])
-def test_bad_options_exit_2(tmp_path, bad):
-    proc = _run("--quick", "--out", str(tmp_path), *bad)
+@pytest.mark.parametrize(("bad", "named"), [
+    (["--steps", "0"], "--steps"), (["--seeds", "x"], "--seeds"), (["--coef", "-1"], "--coef"),
+    (["--methods", "bogus"], "bogus"), (["--top-ks", "0"], "--top-ks"),
+    (["--top-ks", "1", "9"], "at most the 8 experts")])
+def test_bad_options_exit_2(tmp_path, bad, named):
+    proc = _run("--quick", "--out", str(tmp_path / "r"), *bad)
     assert proc.returncode == 2
+    assert named in proc.stderr
+    assert not (tmp_path / "r").exists()
