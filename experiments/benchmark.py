@@ -104,6 +104,7 @@ import numpy as np
 from flax import nnx
 
 from svflow_jax import sphere
+from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int
 from svflow_jax.correspondence import LayerFlow, to_flow
 from svflow_jax.solvers import LieTrotter, RetractedEuler
 from svflow_jax.transformer import Transformer, TransformerConfig, layer_params
@@ -580,13 +581,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true", help="fewer repeats, shorter samples")
     mode.add_argument("--smoke", action="store_true",
                       help="tiny sizes, 1 repeat, compile at L=4 and L=8 (for the test)")
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=positive_int, default=None,
                         help="interleaved timing repeats (default 11, quick 3, smoke 1)")
-    parser.add_argument("--min-sample", type=float, default=None,
+    parser.add_argument("--min-sample", type=positive_float, default=None,
                         help="seconds one timing sample lasts at least (calls are batched)")
-    parser.add_argument("--compile-repeats", type=int, default=None,
+    parser.add_argument("--compile-repeats", type=positive_int, default=None,
                         help="fresh compilations per depth (median)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     return parser.parse_args(argv)
 
 
@@ -604,8 +605,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          else d["compile_repeats"]),
         seed=args.seed,
     )
-    if s.repeats < 1 or s.compile_repeats < 1:
-        raise SystemExit("--repeats and --compile-repeats must be >= 1")
     dtypes = (jnp.float32, jnp.float64)
     depth_n, depth_d, depths = DEPTH_SIZE[mode]
     start = time.perf_counter()

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "benchmark.py"
 
 RUN_KEYS = {
@@ -61,3 +63,18 @@ def test_benchmark_smoke_writes_documented_json(tmp_path):
         assert depth[name]["8"]["total_s"] > 0
     assert set(depth["ratios"]) == CONTENDERS
     assert {"all_targets_met", "missed", "agreement_ok"} <= set(result["summary"])
+
+
+@pytest.mark.parametrize(("bad", "named"), [
+    (["--repeats", "0"], "argument --repeats: must be a positive integer"),
+    (["--compile-repeats", "-1"], "argument --compile-repeats"),
+    (["--min-sample", "0"], "argument --min-sample: must be a finite positive number"),
+    (["--min-sample", "nan"], "argument --min-sample"),
+    (["--seed", "-1"], "argument --seed: must be a non-negative integer"),
+])
+def test_bad_options_exit_2_before_timing(tmp_path, bad, named):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "b"), *bad],
+                          capture_output=True, text=True, timeout=120, cwd=SCRIPT.parents[1])
+    assert proc.returncode == 2
+    assert named in proc.stderr
+    assert not (tmp_path / "b").exists()
