@@ -110,8 +110,9 @@ def _print_verify(summary: dict, out: Path) -> None:
     comp = summary["compile"]
     overall = "PASSED" if summary["passed"] else "FAILED"
     print(f"\n{overall}: {len(summary['claims'])} claims in {comp['total_s']:.1f} s "
-          f"({comp['xla_compilations']} XLA compilations, {comp['compile_total_s']:.1f} s "
-          f"compiling, {comp['cache_hits']} cached); report: {out / 'report.md'}")
+          f"({comp['xla_compilations']} XLA compilations, {comp['cache_hits']} cached; "
+          f"{comp['compile_total_s']:.1f} of {comp['busy_s']:.1f} thread-seconds tracing and "
+          f"compiling); report: {out / 'report.md'}")
 
 
 def _slug(name: str) -> str:

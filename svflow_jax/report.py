@@ -196,8 +196,9 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
         f"n = {cfg['tokens']} tokens, d = {cfg['dim']}, {cfg['layers']} layers, T = {cfg['t1']}"
         f"{' (quick)' if cfg.get('quick') else ''}. {len(summary['claims'])} claims in "
         f"{comp['total_s']:.1f} s ({comp['xla_compilations']} XLA compilations, "
-        f"{comp['compile_total_s']:.1f} s tracing and compiling, {comp['cache_hits']} programs "
-        "from the compilation cache).",
+        f"{comp['cache_hits']} programs from the compilation cache; "
+        f"{comp['compile_total_s']:.1f} of the claims' {comp['busy_s']:.1f} thread-seconds "
+        "tracing and compiling).",
         "",
         "Error metric: the largest geodesic distance over tokens, 2 atan2(|x - y|, |x + y|). "
         f"References: float64, rtol = atol = {cfg['reference_tolerance']:g}. Orders: least "

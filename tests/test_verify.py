@@ -121,7 +121,15 @@ def test_verify_quick_end_to_end(tmp_path):
     from svflow_jax.claims import all_claims
 
     assert [c["name"] for c in summary["claims"]] == list(all_claims())
-    assert summary["compile"]["xla_compilations"] > 0
+    comp = summary["compile"]
+    assert comp["xla_compilations"] > 0
+    # thread-seconds: the claims' own seconds add up to busy_s, and every traced or compiled
+    # program belongs to a claim, so compiling cannot exceed it (it did exceed total_s, the
+    # wall time, when claims ran in two threads, and run_s was then clamped to 0)
+    assert comp["busy_s"] == pytest.approx(sum(c["seconds"] for c in summary["claims"]))
+    assert 0 < comp["compile_total_s"] <= comp["busy_s"]
+    assert comp["run_s"] == pytest.approx(comp["busy_s"] - comp["compile_total_s"])
+    assert comp["run_s"] > 0
     assert summary["config"]["xla_flags"] == os.environ.get("XLA_FLAGS", QUICK_FLAGS)
     for name in ("report.md", "config.json", "claims.csv", "convergence.png",
                  "work_precision.png", "drift.png", "stacks.png"):
