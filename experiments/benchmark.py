@@ -87,10 +87,7 @@ import argparse
 import datetime
 import json
 import math
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,6 +103,7 @@ from flax import nnx
 from svflow_jax import sphere
 from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int
 from svflow_jax.correspondence import LayerFlow, to_flow
+from svflow_jax.environment import environment
 from svflow_jax.solvers import LieTrotter, RetractedEuler
 from svflow_jax.transformer import Transformer, TransformerConfig, layer_params
 
@@ -500,26 +498,6 @@ def bench_compile_depth(n: int, d: int, depths: tuple[int, ...], s: Settings) ->
     return result
 
 
-def machine_info() -> dict[str, Any]:
-    import diffrax as dfx
-    import equinox
-    import flax
-    import jaxlib
-
-    device = jax.devices()[0]
-    return {
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-        "diffrax": dfx.__version__, "equinox": equinox.__version__,
-        "backend": jax.default_backend(), "device": str(device),
-        "device_kind": getattr(device, "device_kind", ""),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
@@ -527,8 +505,8 @@ def machine_info() -> dict[str, Any]:
 
 def print_report(res: dict[str, Any]) -> None:
     mm = res["matmul"]
-    print(f"\nmachine: {res['machine']['device']} ({res['machine']['cpu_count']} CPUs), "
-          f"jax {res['machine']['jax']}; mode {res['mode']}, "
+    print(f"\nmachine: {res['machine']['devices'][0]} ({res['machine']['cpu_count']} CPUs), "
+          f"jax {res['machine']['versions']['jax']}; mode {res['mode']}, "
           f"{res['settings']['repeats']} interleaved repeats")
     print(f"matmul {MATMUL_N}^3 (alone, at start): float32 {mm['float32']['gflops']:.1f} GFLOP/s, "
           f"float64 {mm['float64']['gflops']:.1f} GFLOP/s\n")
@@ -638,7 +616,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "dtypes": [jnp.dtype(t).name for t in dtypes],
             "n_heads": N_HEADS, "d_head": "d / n_heads", "d_ff": "4 d", "residual_scale": "1 / L",
         },
-        "machine": machine_info(),
+        "machine": environment(),  # versions, machine, backend, XLA flags
         "targets": TARGETS,
         "matmul": matmul,
         "runs": runs,

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from svflow_jax.checkpoints import LoadedModel  # noqa: E402
 from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int  # noqa: E402
 from svflow_jax.diagnose import study  # noqa: E402
+from svflow_jax.environment import environment  # noqa: E402
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM  # noqa: E402
 
 
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
     across = study.across_models(datas, cfg)
     summary = {"config": cfg.to_dict(), "train": vars(args), "model": "byte-level tiny LM, "
                "4 layers, d=128", "models": per_model, "across_models": across,
-               "timings": {"train_s": train_s, "total_s": time.perf_counter() - t0}}
+               "timings": {"train_s": train_s, "total_s": time.perf_counter() - t0},
+               "environment": environment()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "population.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -93,6 +93,7 @@ def main(argv=None) -> int:
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
     from svflow_jax.designs import DesignConfig, get_design
+    from svflow_jax.environment import environment
     from svflow_jax.training import TrainConfig
     from svflow_jax.training.compare import (
         count_parameters,
@@ -185,6 +186,7 @@ def main(argv=None) -> int:
     results["gradient_memory"] = {"design": "rk4" if "rk4" in plan else s["designs"][0],
                                   **memory}
     results["seconds"] = time.perf_counter() - start
+    results["environment"] = environment()
     (out / "results.json").write_text(json.dumps(results, indent=2))
     write_table(out, results)
     figures(out, s, runs, interval)

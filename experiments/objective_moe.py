@@ -20,10 +20,10 @@ usage entropy / maximum load / dead experts per layer, router and attention entr
 per branch and the gradient coupling of posterior and scores (``docs/theory.md``, section 20).
 Intervals: 95% Student t over seeds.
 
-Outputs in ``--out``: ``config.json``, ``runs.jsonl`` (every run's history; an interrupted
-experiment resumes from it), ``curves.csv`` (one row per run, step and layer), ``final.csv``
-(one row per run), ``table.csv`` and ``summary.json`` (per arm, with intervals and verdicts),
-``report.md`` and PNG figures.
+Outputs in ``--out``: ``config.json``, ``runs.jsonl`` (every run's history and environment;
+an interrupted experiment resumes from it), ``curves.csv`` (one row per run, step and layer),
+``final.csv`` (one row per run), ``table.csv`` and ``summary.json`` (per arm, with intervals
+and verdicts), ``report.md`` and PNG figures.
 
 Sizes: the default (3 seeds, 120 steps, 30 runs) took 19.7 minutes on 2 CPU cores shared with
 four other jobs (load average 6-9), so it fits the 45-minute budget with room; ``--steps 240``
@@ -355,6 +355,7 @@ REG_MEASURES = ["val_bpc", "ece", "attn_j_var", "attn_entropy_norm", "coupling_a
 
 
 def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: float) -> dict:
+    from svflow_jax.environment import environment
     from svflow_jax.tables import write_csv
 
     table = aggregate(runs)
@@ -368,7 +369,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     reg = paired_differences(runs, "dense / none", "dense / jvar", REG_MEASURES)
     summary = {"settings": s, "quick": quick, "runs": len(runs), "seconds": seconds,
                "run_seconds": [r["seconds"] for r in runs], "table": table, "verdicts": v,
-               "jvar_regulariser_dense": reg}
+               "jvar_regulariser_dense": reg, "environment": environment()}
     reg_lines = ["| measure | dense/jvar - dense/none (per seed, mean ± 95% t) | seeds |",
                  "|---|---|---|"] + [f"| {m} | {fmt(e, 4)} | {len(e['values'])} |"
                                      for m, e in reg.items()]
@@ -405,6 +406,7 @@ def main(argv=None) -> int:
     s = settings(args)  # option errors before the (slow) imports
     from tqdm.auto import tqdm
 
+    from svflow_jax.environment import environment
     from svflow_jax.objective.train import train_run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -422,9 +424,10 @@ def main(argv=None) -> int:
         for cfg in todo:
             bar.set_postfix_str(cfg.name)
             result = train_run(cfg, progress=bar.update)
+            record = json.dumps({**result.to_json(), "environment": environment()}, default=float)
             with open(log, "a") as f:
-                f.write(json.dumps(result.to_json(), default=float) + "\n")
-            done.append(json.loads(json.dumps(result.to_json(), default=float)))
+                f.write(record + "\n")
+            done.append(json.loads(record))
         bar.close()
     if not done:
         print("error: no runs to report", file=sys.stderr)

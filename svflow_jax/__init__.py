@@ -17,6 +17,7 @@ Where things live:
 * ``svflow_jax.verify``, ``report``, ``cli``   ``svflow verify`` / ``svflow sweep``: run the
                                  claims, write the report, the command line.
 * ``svflow_jax.fitting``         convergence orders with 95% intervals.
+* ``svflow_jax.environment``     what produced a result: versions, machine, ``XLA_FLAGS``.
 
 The mathematics, with the definitions the code chose, is in ``docs/theory.md``.
 """

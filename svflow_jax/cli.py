@@ -143,6 +143,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm
 
     from .claims import Context, solver_sweep
+    from .environment import environment
     from .report import verdict
 
     out = Path(args.out or _default_out("sweep"))
@@ -165,7 +166,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         evidence = solver_sweep(ctx, spec, tuple(args.steps) if args.steps else None,
                                 args.num_sizes)
         row = {"passed": evidence.passed, "tolerance": evidence.tolerance,
-               **evidence.figures, "points": evidence.rows}
+               **evidence.figures, "points": evidence.rows, "environment": environment()}
         path.write_text(json.dumps(row, indent=2) + "\n")
         rows.append(row)
     for r in rows:
@@ -196,6 +197,7 @@ def _inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from . import inspection
     from .data import emma_opening
+    from .environment import environment
     from .inspection_report import SCHEMA_VERSION, write_inspection
 
     text = Path(args.text).read_text(encoding="utf-8") if args.text else emma_opening()
@@ -222,7 +224,7 @@ def _inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                "text": {"source": source, "characters": len(text)},
                "compile_cache": cache, "quick": args.quick,
                "results": [r.to_json() for r in results],
-               "seconds": time.perf_counter() - start}
+               "seconds": time.perf_counter() - start, "environment": environment()}
     write_inspection(out, summary)
     failed = [r.name for r in results if r.passed is False]
     for r in results:

@@ -19,6 +19,7 @@ import jax
 
 from .claims import Claim, ClaimResult, Context, Options, run_claims, select
 from .claims import measure as _measure
+from .environment import environment
 
 __all__ = ["SCHEMA_VERSION", "CompileStats", "compile_stats", "default_cache_dir",
            "enable_compilation_cache", "run", "summary"]
@@ -175,4 +176,5 @@ def summary(
         "claims": [r.to_json() for r in results],
         "compile": compile,
         "timings": {"total_s": compile["total_s"], **{r.name: r.seconds for r in results}},
+        "environment": environment(),
     }

@@ -7,6 +7,7 @@ why the benchmark is a script run by hand. The script runs in a subprocess so th
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def test_benchmark_smoke_writes_documented_json(tmp_path):
         "compile_vs_depth", "summary",
     } <= set(result)
     assert result["mode"] == "smoke"
-    assert {"jax", "device", "cpu_count"} <= set(result["machine"])
+    assert {"versions", "devices", "cpu_count", "xla_flags"} <= set(result["machine"])
+    assert result["machine"]["versions"]["jax"] == importlib.metadata.version("jax")
     assert result["matmul"]["float32"]["gflops"] > 0
 
     runs = result["runs"]

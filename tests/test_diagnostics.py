@@ -315,6 +315,7 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["windows"] == 4 and len(summary["shuffle"]["levels"]) == 5
+    assert summary["environment"]["cpu_count"] == os.cpu_count()
     task = summary["shuffle"]["task"]
     assert all(math.isfinite(v) and 10 < v < 500 for v in task["perplexity"])
     assert task["perplexity"][-1] > task["perplexity"][0]  # shuffling the whole prefix hurts

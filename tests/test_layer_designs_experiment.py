@@ -38,7 +38,10 @@ def test_quick_experiment_writes_the_report(tmp_path):
                     "--out", str(out), "--no-progress"], env=env, check=True, timeout=600,
                    capture_output=True, text=True)
     results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["cpu_count"] == os.cpu_count()
     rows = {r["design"]: r for r in results["austen"]}
+    runs = [json.loads(path.read_text()) for path in (out / "runs").glob("*/*/summary.json")]
+    assert runs and all(r["environment"]["cpu_count"] == os.cpu_count() for r in runs)
     assert set(rows) == {"euler", "heun"}
     budget = results["settings"]["budget"]
     # equal compute and equal parameters, by construction and by count

@@ -29,6 +29,9 @@ def test_quick_subset_writes_report(tmp_path):
         assert (out / name).exists(), name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs"] == 2 and summary["quick"]
+    assert summary["environment"]["cpu_count"] == os.cpu_count()
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r["environment"]["cpu_count"] for r in runs] == [os.cpu_count()] * 2
     table = summary["table"]
     assert set(table) == {"moe top-1 / none", "moe top-1 / switch"}
     h = table["moe top-1 / none"]["usage_entropy_norm"]["mean"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import jax
@@ -100,6 +101,7 @@ def test_inspect_quick_on_smollm2(tmp_path, capsys):
     assert main(["inspect", "smollm2-135m-instruct", "--quick", "--out", str(out),
                  "--no-progress", "--no-compile-cache"]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["environment"]["cpu_count"] == os.cpu_count()
     results = {r["name"]: r for r in summary["results"]}
     exact = results["exactness"]["figures"]
     print(f"FIGURE | SmolLM2-135M | to_flow relative error f64 / f32 | "

@@ -146,6 +146,7 @@ def test_svflow_train_cli(tmp_path, capsys):
     assert main(argv) == 0
     final = json.loads((tmp_path / "run" / "final.json").read_text())
     assert final["design"] == "lie-trotter" and final["resumed_from"] is None
+    assert final["environment"]["cpu_count"] == os.cpu_count()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["num_steps"] == 2 and saved["steps"] == 3
     assert main(argv) == 0  # resumes from the step-3 checkpoint: nothing left to train

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import svflow_jax
 from svflow_jax import cli
 from svflow_jax.xla_settings import QUICK_FLAGS, use_project_flags
 
@@ -131,6 +132,9 @@ def test_verify_quick_end_to_end(tmp_path):
     assert comp["run_s"] == pytest.approx(comp["busy_s"] - comp["compile_total_s"])
     assert comp["run_s"] > 0
     assert summary["config"]["xla_flags"] == os.environ.get("XLA_FLAGS", QUICK_FLAGS)
+    env = summary["environment"]  # of the process that ran the claims
+    assert env["xla_flags"] == summary["config"]["xla_flags"]
+    assert env["cpu_count"] == os.cpu_count() and env["svflow_jax"] == svflow_jax.__version__
     for name in ("report.md", "config.json", "claims.csv", "convergence.png",
                  "work_precision.png", "drift.png", "stacks.png"):
         assert (out / name).exists(), name

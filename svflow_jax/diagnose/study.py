@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..environment import environment
 from . import stats
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
@@ -513,5 +514,6 @@ def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
         "timings": {"load_s": load_s, "shuffle_s": data.seconds,
                     "scaling_s": None if scaling is None else scaling["seconds"],
                     "total_s": time.perf_counter() - t0},
+        "environment": environment(),
     }
     return Diagnosis(summary=summary, data=data)

@@ -106,6 +106,7 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(err))
     out = Path(args.out or Path("results") / f"train-{config.model.design}-"
                f"{time.strftime('%Y%m%d-%H%M%S')}")
+    from ..environment import environment
     from .trainer import train
 
     try:
@@ -113,7 +114,8 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as err:  # e.g. batch not divisible by the devices, another config in out
         parser.error(str(err))
     summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
-               "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final}
+               "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
+               "environment": environment()}
     (out / "final.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     return 0

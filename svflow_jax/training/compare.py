@@ -32,6 +32,7 @@ import optax
 from flax import nnx
 
 from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
+from svflow_jax.environment import environment
 from svflow_jax.transformer import TransformerLM
 
 from .tasks import get_task
@@ -218,6 +219,7 @@ def run_design(
         "adaptive": adaptive_depth(result.model, task, rtols, n_eval)
         if rtols and get_design(design).adaptive is not None
         and config.model.weights != "per_layer" else [],
+        "environment": environment(),
     }
     summary_path.write_text(json.dumps(summary))
     return summary
