@@ -206,6 +206,14 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
         f"{cfg['fit_ceiling']:g}] (sweeps: at least {cfg['min_steps_in_fit']} steps), with a "
         "95% Student-t interval. The mathematics: docs/theory.md.",
     ]
+    if env := summary.get("environment"):
+        head, _, dirty = (env["git_commit"] or "").partition("+")
+        commit = f", commit {head[:12]}{' with local changes' if dirty else ''}" if head else ""
+        v = env["versions"]
+        lines += ["", f"Run with svflow-jax {env['svflow_jax']}{commit}; jax {v['jax']}, flax "
+                  f"{v['flax']}, diffrax {v['diffrax']}; Python {env['python']} on "
+                  f"{env['platform']}, {env['cpu_count']} CPUs, {env['backend']} backend; "
+                  f"XLA_FLAGS {env['xla_flags'] or '(none)'}."]
     for section, title in SECTIONS.items():
         claims = [c for c in summary["claims"] if c["section"] == section]
         if not claims:

@@ -138,7 +138,8 @@ def test_verify_quick_end_to_end(tmp_path):
     for name in ("report.md", "config.json", "claims.csv", "convergence.png",
                  "work_precision.png", "drift.png", "stacks.png"):
         assert (out / name).exists(), name
-    assert "PASS" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "PASS" in report and f"svflow-jax {svflow_jax.__version__}" in report
 
 
 def test_project_flags_for_quick_runs_unless_the_user_set_their_own(monkeypatch):
