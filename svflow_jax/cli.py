@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import __version__
 from .cli_types import int_at_least, nonnegative_int, positive_float, positive_int
 from .xla_settings import use_project_flags
 
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="svflow",
         description="Score-based Variational Flow on the sphere: a Transformer is an Euler step.",
     )
+    parser.add_argument("--version", action="version", version=f"svflow-jax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser(
         "verify", help="the main job: check the paper's claim with numbers",

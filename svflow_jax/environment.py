@@ -24,7 +24,7 @@ PACKAGES = ("jax", "jaxlib", "flax", "diffrax", "equinox", "optax", "numpy")
 @functools.cache
 def _git_commit() -> str | None:
     """``HEAD`` of the checkout this package runs from, ``+dirty`` when tracked files differ;
-    ``None`` for an installed package (or without git)."""
+    ``None`` for an installed package (or without git). Read once per process."""
     root = Path(__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return None

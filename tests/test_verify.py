@@ -58,6 +58,13 @@ def test_help_exits_0():
         assert err.value.code == 0
 
 
+def test_version(capsys):
+    with pytest.raises(SystemExit) as err:
+        cli.main(["--version"])
+    assert err.value.code == 0
+    assert capsys.readouterr().out.strip() == f"svflow-jax {svflow_jax.__version__}"
+
+
 def test_quick_sets_defaults_but_explicit_options_win():
     parser = cli.build_parser()
     sub = parser._subparsers._group_actions[0].choices["verify"]
