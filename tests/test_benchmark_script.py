@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts_for_tests import assert_refused, run_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "benchmark.py"
 
@@ -75,8 +76,5 @@ def test_benchmark_smoke_writes_documented_json(tmp_path):
     (["--seed", "-1"], "argument --seed: must be a non-negative integer"),
 ])
 def test_bad_options_exit_2_before_timing(tmp_path, bad, named):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "b"), *bad],
-                          capture_output=True, text=True, timeout=120, cwd=SCRIPT.parents[1])
-    assert proc.returncode == 2
-    assert named in proc.stderr
-    assert not (tmp_path / "b").exists()
+    proc = run_script("benchmark.py", "--out", str(tmp_path / "b"), *bad, timeout=120)
+    assert_refused(proc, named, tmp_path / "b")

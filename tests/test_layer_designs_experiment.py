@@ -6,13 +6,9 @@ import csv
 import json
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from scripts_for_tests import assert_refused, run_script
 
 
 @pytest.mark.parametrize(("bad", "named"), [
@@ -22,21 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--designs", "no_such_module:Thing"], "cannot import design"),
 ])
 def test_bad_options_exit_2_before_anything_is_written(tmp_path, bad, named):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "layer_designs.py"),
-                           "--quick", "--out", str(tmp_path / "ld"), *bad], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert named in proc.stderr
-    assert not (tmp_path / "ld").exists()
+    proc = run_script("layer_designs.py", "--quick", "--out", str(tmp_path / "ld"), *bad,
+                      timeout=120)
+    assert_refused(proc, named, tmp_path / "ld")
 
 
 def test_quick_experiment_writes_the_report(tmp_path):
     out = tmp_path / "ld"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "layer_designs.py"), "--quick",
-                    "--out", str(out), "--no-progress"], env=env, check=True, timeout=600,
-                   capture_output=True, text=True)
+    proc = run_script("layer_designs.py", "--quick", "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["environment"]["cpu_count"] == os.cpu_count()
     rows = {r["design"]: r for r in results["austen"]}

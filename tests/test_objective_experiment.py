@@ -3,20 +3,13 @@ report reads its own numbers back; bad options exit with status 2."""
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "experiments" / "objective_moe.py"
+from scripts_for_tests import assert_refused, run_script
 
 
-def _run(*args, **kw):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True,
-                          text=True, timeout=600, **kw)
+def _run(*args):
+    return run_script("objective_moe.py", *args)
 
 
 def test_quick_subset_writes_report(tmp_path):
@@ -48,6 +41,4 @@ def test_quick_subset_writes_report(tmp_path):
     (["--top-ks", "1", "9"], "at most the 8 experts")])
 def test_bad_options_exit_2(tmp_path, bad, named):
     proc = _run("--quick", "--out", str(tmp_path / "r"), *bad)
-    assert proc.returncode == 2
-    assert named in proc.stderr
-    assert not (tmp_path / "r").exists()
+    assert_refused(proc, named, tmp_path / "r")

@@ -1,14 +1,8 @@
 """``experiments/diagnose_population.py`` refuses bad options (exit 2, naming the option) before
 it trains anything."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from scripts_for_tests import ROOT, assert_refused, run_script
 
 
 @pytest.mark.parametrize(("bad", "named"), [
@@ -20,10 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
     (["--train-text", "no/such/file.txt"], "no such file"),
 ])
 def test_bad_options_exit_2(tmp_path, bad, named):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    argv = ["--train-text", str(ROOT / "README.md"), "--out", str(tmp_path / "p"), *bad]
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "diagnose_population.py"),
-                           *argv], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert named in proc.stderr
-    assert not (tmp_path / "p").exists()
+    proc = run_script("diagnose_population.py", "--train-text", str(ROOT / "README.md"),
+                      "--out", str(tmp_path / "p"), *bad, timeout=120)
+    assert_refused(proc, named, tmp_path / "p")
