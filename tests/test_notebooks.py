@@ -18,6 +18,9 @@ executed notebook is saved to ``build/notebooks/`` for the site, and a notebook 
 checked from that execution instead of being run a second time. Outputs of an earlier run are
 never reused here.
 
+Every kernel is shut down when its notebook ends (passed or raised): no ``ipykernel_launcher``
+child of the test process survives an execution (read from ``/proc``, so checked on Linux).
+
 Wall times are printed (and recorded as a junit property), never asserted.
 """
 
@@ -53,6 +56,58 @@ RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or os.environ.setdefault(
 NOTEBOOKS = notebook_cache.notebooks()
 
 
+def kernel_children() -> list[int]:
+    """Process ids of the live ``ipykernel_launcher`` processes whose parent is this process."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")"
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == os.getpid() and state != "Z" and b"ipykernel_launcher" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
+                                reason="reads processes from /proc (Linux)")
+
+
+@linux_only
+@pytest.mark.parametrize("fails", [False, True], ids=["passes", "raises"])
+def test_execute_shuts_its_kernel_down(tmp_path, fails):
+    """The kernel that ran the notebook was this process's child and is gone afterwards."""
+    source = tmp_path / "tiny.py"
+    source.write_text("# %%\nimport os\nprint('kernel', os.getpid(), os.getppid())\n"
+                      + ("# %%\nraise RuntimeError('cell failed on purpose')\n" if fails
+                         else ""))
+    before = kernel_children()
+    if fails:
+        from nbclient.exceptions import CellExecutionError
+
+        with pytest.raises(CellExecutionError, match="cell failed on purpose"):
+            notebook_cache.execute(source)
+    else:
+        nb, _ = notebook_cache.execute(source)
+        printed = "".join(out.get("text", "") for out in nb.cells[1].outputs).split()
+        pid, parent = int(printed[1]), int(printed[2])
+        assert parent == os.getpid(), "the kernel was not a child of this process"
+        assert not alive(pid), f"kernel {pid} outlived its notebook"
+    assert kernel_children() == before == []
+
+
 def test_notebooks_exist():
     assert len(NOTEBOOKS) >= 4, f"expected the four teaching notebooks, found {NOTEBOOKS}"
 
@@ -60,6 +115,8 @@ def test_notebooks_exist():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, capsys, record_property):
     nb, info = notebook_cache.executed(path, reuse="run", run_id=RUN_ID)
+    if Path("/proc/self/stat").exists():
+        assert kernel_children() == [], "a notebook kernel outlived its execution"
 
     probe = nb.cells[0]
     printed = "".join(out.get("text", "") for out in probe.outputs)

@@ -69,29 +69,45 @@ def cache_key(path: Path) -> str:
     return digest.hexdigest()
 
 
+def kernel_manager_class():
+    """``AsyncKernelManager`` whose spec manager searches no kernel directories: ``python3``
+    can only resolve to ipykernel's built-in spec, which launches ``sys.executable`` (a
+    ``python3`` kernelspec installed for the user or system, pointing at another Python, cannot
+    be picked up)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class ThisInterpreterKernelManager(AsyncKernelManager):
+        @default("kernel_spec_manager")
+        def _kernel_spec_manager_default(self) -> KernelSpecManager:
+            return KernelSpecManager(kernel_dirs=[])
+
+    return ThisInterpreterKernelManager
+
+
 def execute(path: Path):
     """Runs the notebook top to bottom in a fresh kernel; returns ``(notebook, seconds)``.
+
+    ``nbclient`` creates the kernel manager itself (``kernel_manager_class``), so it owns the
+    kernel and shuts it down when execution ends, whether the cells passed or raised: no
+    ``ipykernel_launcher`` process outlives this call. (Handing ``NotebookClient`` a kernel
+    manager of our own would leave the kernel running until this process exits.)
 
     Raises:
         nbclient.exceptions.CellExecutionError: a cell raised (the message names it).
     """
     import jupytext
     import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
 
     nb = jupytext.read(path)
     probe = nbformat.v4.new_code_cell(f"import sys; print({EXECUTABLE_TAG!r}, sys.executable)")
     probe.metadata["tags"] = [PROBE_CELL_TAG]
     nb.cells.insert(0, probe)
-    # A kernel spec manager that searches no kernel directories: ``python3`` can only resolve
-    # to ipykernel's built-in spec, which launches ``sys.executable``.
-    kernel_manager = AsyncKernelManager(
-        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[])
-    )
     with tempfile.TemporaryDirectory(prefix=f"svflow-{path.stem}-") as workdir:
-        client = NotebookClient(nb, km=kernel_manager, timeout=TIMEOUT_S, kernel_name="python3",
+        client = NotebookClient(nb, kernel_manager_class=kernel_manager_class(),
+                                timeout=TIMEOUT_S, kernel_name="python3",
                                 resources={"metadata": {"path": workdir}})
         start = time.perf_counter()
         client.execute()
