@@ -26,7 +26,30 @@ import sys
 import time
 from pathlib import Path
 
-import jax
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--train-text", required=True, help="UTF-8 training text")
+    p.add_argument("--out", default="results/population")
+    p.add_argument("--steps", type=positive_int, nargs="+", default=[25, 50, 100, 200, 400, 800],
+                   help="training steps at which a checkpoint joins the population")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    p.add_argument("--windows", type=positive_int, default=32, help="evaluation windows")
+    args = p.parse_args(argv)
+    if not Path(args.train_text).is_file():
+        p.error(f"--train-text {args.train_text}: no such file")
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()  # a bad option exits here, before JAX is imported (0.2 s instead of 2.7 s)
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -35,9 +58,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from svflow_jax.checkpoints import LoadedModel  # noqa: E402
-from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int  # noqa: E402
 from svflow_jax.diagnose import study  # noqa: E402
 from svflow_jax.environment import environment  # noqa: E402
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM  # noqa: E402
@@ -86,18 +107,7 @@ def train(ids: np.ndarray, steps: list[int], seed: int, batch: int, context: int
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train-text", required=True, help="UTF-8 training text")
-    p.add_argument("--out", default="results/population")
-    p.add_argument("--steps", type=positive_int, nargs="+", default=[25, 50, 100, 200, 400, 800],
-                   help="training steps at which a checkpoint joins the population")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
-    p.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
-    p.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
-    p.add_argument("--windows", type=positive_int, default=32, help="evaluation windows")
-    args = p.parse_args(argv)
-    if not Path(args.train_text).is_file():
-        p.error(f"--train-text {args.train_text}: no such file")
+    args = parse_args(argv)
     t0 = time.perf_counter()
     cfg = study.StudyConfig(model="byte-lm", context=128, scored=32, windows=args.windows,
                             permutations=3, seed=args.seed, scaling_factors=())
