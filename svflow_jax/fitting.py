@@ -3,8 +3,8 @@ interval.
 
 ``err ~ C h^p`` gives ``log err = p log h + log C``; the fitted ``p`` is the order. The standard
 error of the slope is ``sqrt(SSR / (k - 2) / sum (log h - mean)^2)`` and the interval is
-``p +- t_{0.975, k-2} se`` (Student-t quantile from a table; the normal 1.960 beyond 30 degrees
-of freedom). Used by the claim measurements (:mod:`svflow_jax.claims`) and by ``svflow verify``
+``p +- t_{0.975, k-2} se``, with the Student-t quantile computed exactly (:func:`t_quantile`).
+Used by the claim measurements (:mod:`svflow_jax.claims`) and by ``svflow verify``
 (:mod:`svflow_jax.verify`, which first keeps only the points of the asymptotic window).
 """
 
@@ -16,12 +16,53 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["Fit", "fit_order"]
+__all__ = ["Fit", "fit_order", "t_quantile"]
 
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (standard table values).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+def _t_central(theta: float, dof: int) -> float:
+    """``P(|T| <= sqrt(dof) tan(theta))`` for Student's t with an integer ``dof`` (Abramowitz &
+    Stegun 26.7.3-4, with ``c = cos(theta)``, ``s = sin(theta)``):
+
+    * ``dof`` odd:  ``2/pi (theta + s c (1 + 2/3 c^2 + (2 4)/(3 5) c^4 + ...
+      + (2 4 ... (dof - 3))/(3 5 ... (dof - 2)) c^(dof - 3)))``, just ``2 theta / pi`` for 1;
+    * ``dof`` even: ``s (1 + 1/2 c^2 + (1 3)/(2 4) c^4 + ... + (1 3 ... (dof - 3))/(2 4 ...
+      (dof - 2)) c^(dof - 2))``.
+    """
+    c2 = math.cos(theta) ** 2
+    if dof % 2:
+        term = total = 1.0
+        for j in range(1, (dof - 3) // 2 + 1):  # term j: prod_{i<=j} 2i / (2i + 1) c^(2j)
+            term *= 2 * j / (2 * j + 1) * c2
+            total += term
+        if dof == 1:
+            total = 0.0
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term = total = 1.0
+    for j in range(1, (dof - 2) // 2 + 1):  # term j: prod_{i<=j} (2i - 1) / (2i) c^(2j)
+        term *= (2 * j - 1) / (2 * j) * c2
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(q: float, dof: int) -> float:
+    """The quantile ``t`` with ``P(T <= t) = q`` of Student's t with ``dof`` (a positive
+    integer) degrees of freedom, to double precision.
+
+    ``T = sqrt(dof) tan(theta)`` maps ``theta in (-pi/2, pi/2)`` monotonically onto the real
+    line, and ``P(|T| <= sqrt(dof) tan(theta))`` has the closed form of :func:`_t_central` for
+    integer ``dof``; ``theta`` is found by bisection (60 halvings of ``pi / 2``: below one ulp).
+    """
+    if isinstance(dof, bool) or int(dof) != dof or dof < 1:
+        raise ValueError(f"dof must be a positive integer, got {dof!r}")
+    if not 0 < q < 1:
+        raise ValueError(f"q must lie in (0, 1), got {q!r}")
+    if q <= 0.5:
+        return -t_quantile(1 - q, dof) if q < 0.5 else 0.0
+    target, lo, hi = 2 * q - 1, 0.0, math.pi / 2
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _t_central(mid, int(dof)) < target else (lo, mid)
+    return math.sqrt(dof) * math.tan(0.5 * (lo + hi))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,5 +96,5 @@ def fit_order(steps: Iterable[float], errors: Iterable[float]) -> Fit:
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (slope * x + intercept)
     se = math.sqrt(float(residual @ residual) / (k - 2) / float(((x - x.mean()) ** 2).sum()))
-    t = _T975[k - 3] if k - 2 <= len(_T975) else 1.960
+    t = t_quantile(0.975, k - 2)
     return Fit(float(slope), float(slope - t * se), float(slope + t * se), k)

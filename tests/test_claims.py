@@ -42,6 +42,9 @@ def test_claim_passes(ctx, name):
     report(result)
     assert result.passed is True, (result.figures, result.rows)
     assert result.statement and result.tolerance
+    if name == "round-trip":  # 3 blocks x 4 FFN kinds x MHA/GQA x gains x post/pre-norm,
+        # two float32 variants and three checkpoint-like ones
+        assert result.figures["variants"] == 3 * 4 * 2 * 2 * 2 + 2 + 3 == 101
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("exactness/")
@@ -92,13 +95,23 @@ def test_every_registered_solver_has_an_order_claim():
     assert {f"order/{name}" for name in SOLVERS} <= set(NAMES)
 
 
-def test_options_are_validated():
-    for bad in (dict(tokens=0), dict(layers=-1), dict(repeats=0), dict(seed=-1), dict(dim=1),
-                dict(dim=7), dict(t1=float("nan")), dict(strength=0.0),
-                dict(step_scale=float("inf")), dict(dtype="float16"), dict(depths=(8, 16)),
-                dict(num_sizes=2)):
-        with pytest.raises(ValueError):
-            claims.Options(**bad)
+@pytest.mark.parametrize(("bad", "message"), [
+    (dict(tokens=0), r"tokens must be a positive integer, got 0"),
+    (dict(layers=-1), r"layers must be a positive integer, got -1"),
+    (dict(repeats=0), r"repeats must be a positive integer, got 0"),
+    (dict(seed=-1), r"seed must be a non-negative integer, got -1"),
+    (dict(dim=1), r"dim must be even and >= 2 \(two heads of width dim/2\), got 1"),
+    (dict(dim=7), r"dim must be even and >= 2 \(two heads of width dim/2\), got 7"),
+    (dict(t1=float("nan")), r"t1 must be a finite positive number, got nan"),
+    (dict(strength=0.0), r"strength must be a finite positive number, got 0\.0"),
+    (dict(step_scale=float("inf")), r"step_scale must be a finite positive number, got inf"),
+    (dict(dtype="float16"), r"dtype must be 'float64' or 'float32', got 'float16'"),
+    (dict(depths=(8, 16)), r"depths must be >= 3 increasing positive integers, got \(8, 16\)"),
+    (dict(num_sizes=2), r"num_sizes must be >= 3 to fit an order, got 2"),
+], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else "")
+def test_options_are_validated(bad, message):
+    with pytest.raises(ValueError, match=message):
+        claims.Options(**bad)
 
 
 def test_select_by_prefix_and_unknown_prefix():
@@ -111,8 +124,16 @@ def test_step_counts_are_distinct_and_geometric():
     counts = measure.step_counts(4, 512, 8)
     assert len(set(counts)) == 8 and counts[0] == 4 and counts[-1] == 512
     assert measure.step_counts(4, 6, 3) == [4, 5, 6]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"8 distinct step counts do not fit in \[4, 6\]"):
         measure.step_counts(4, 6, 8)
+
+
+def test_high_orders_pass_in_a_band_not_at_any_higher_order():
+    """Order 5+: from order - 0.2 to order + 1 (Tsit5 fits 5.6-5.7 here); below 5, +- 0.15."""
+    assert measure.order_passes(5.7, 5) and measure.order_passes(4.8, 5)
+    assert not measure.order_passes(4.79, 5) and not measure.order_passes(6.01, 5)
+    assert measure.order_passes(8.9, 8) and not measure.order_passes(9.1, 8)
+    assert measure.order_passes(4.14, 4) and not measure.order_passes(4.2, 4)
 
 
 def test_fit_window_keeps_only_the_asymptotic_points():

@@ -270,7 +270,7 @@ def test_scaling_the_logits_scales_the_log_attention(small_lm):
     diff = np.where(tril, lq2 - 2.5 * lq1, np.nan)
     spread = np.nanmax(diff, -1) - np.nanmin(diff, -1)  # constant along j (the row's norm.)
     assert np.max(spread) <= 1e-10
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="factor must be a finite positive number, got 0.0"):
         extract.scale_attention_logits(model, 0.0)
     # the original is untouched
     np.testing.assert_array_equal(model.transformer.layers.attn.wq[...],
@@ -282,20 +282,21 @@ def test_scaling_the_logits_scales_the_log_attention(small_lm):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [
-    ["--levels", "0.5", "1"],  # no clean level
-    ["--scored", "64", "--context", "64"],
-    ["--windows", "0"],
-    ["--scaling-factors", "-1"],
-    ["--model", "no-such-model"],
-    ["--text", "/no/such/file.txt"],
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--levels", "0.5", "1"], "levels must be increasing fractions in [0, 1] including 0"),
+    (["--scored", "64", "--context", "64"], "scored (64) must be smaller than context (64)"),
+    (["--windows", "0"], "argument --windows: must be a whole number >= 1, got '0'"),
+    (["--scaling-factors", "-1"], "argument --scaling-factors: must be a finite positive"),
+    (["--model", "no-such-model"], "--model: 'no-such-model' is neither a packaged model"),
+    (["--text", "/no/such/file.txt"], "--text: /no/such/file.txt: no such file"),
 ])
-def test_cli_rejects_bad_options_with_exit_code_2(argv, capsys):
+def test_cli_rejects_bad_options_with_exit_code_2(argv, named, capsys):
     from svflow_jax.cli import main
 
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match="^2$") as exc:  # SystemExit's text is its code
         main(["diagnose", *argv])
     assert exc.value.code == 2
+    assert named in capsys.readouterr().err
 
 
 def test_cli_quick_on_smollm2_writes_everything(tmp_path):

@@ -24,13 +24,20 @@ HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "tor
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["--rounds", "0"], ["--dtypes", "float16"], ["--cases", "nope"], ["--min-sample", "-1"],
-     ["--dtypes", ""], ["--sizes", "8x6"], ["--sizes", "8"], ["--sizes", "ax16"]],
+    ("argv", "named"),
+    [(["--rounds", "0"], "--rounds must be >= 1, got 0"),
+     (["--dtypes", "float16"], "--dtypes must be among ('float32', 'float64'), got ['float16']"),
+     (["--cases", "nope"], "got ['nope']"),
+     (["--min-sample", "-1"], "--min-sample must be >= 0, got -1.0"),
+     (["--dtypes", ""], "--dtypes must be among ('float32', 'float64'), got []"),
+     (["--sizes", "8x6"], "--sizes must be NxD pairs with D a multiple of 4"),
+     (["--sizes", "8"], "--sizes must be NxD pairs with D a multiple of 4"),
+     (["--sizes", "ax16"], "--sizes must be NxD pairs with D a multiple of 4")],
 )
-def test_bad_arguments_are_refused(argv):
-    with pytest.raises(SystemExit):
+def test_bad_arguments_are_refused(argv, named, capsys):
+    with pytest.raises(SystemExit, match="^2$"):  # SystemExit's text is its code
         peer_benchmark.parse_args(argv)
+    assert named in capsys.readouterr().err
 
 
 def test_arguments_defaults():

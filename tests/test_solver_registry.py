@@ -100,9 +100,14 @@ def test_register_and_replace():
         register(SolverSpec("a:b", spec.make, 2, 2))
     with pytest.raises(ValueError, match="SolverSpec"):
         register("euler")
-    for bad in [dict(step_range=(10, 4)), dict(num_sizes=0), dict(expected_order=1.5),
-                dict(evaluations_per_step=True), dict(name="")]:
-        with pytest.raises(ValueError):
+    for bad, message in [
+        (dict(step_range=(10, 4)), r"step_range must be \(first, last\) with 1 <= first < last"),
+        (dict(num_sizes=0), r"'x': num_sizes must be a positive int, got 0"),
+        (dict(expected_order=1.5), r"'x': expected_order must be a positive int, got 1\.5"),
+        (dict(evaluations_per_step=True), r"evaluations_per_step must be a positive int, got True"),
+        (dict(name=""), r"SolverSpec\.name must be a non-empty string, got ''"),
+    ]:
+        with pytest.raises(ValueError, match=message):
             SolverSpec(**{**dict(name="x", make=spec.make, expected_order=2,
                                  evaluations_per_step=2), **bad})
 

@@ -118,10 +118,11 @@ CASES = {
     "Retracted(Midpoint)": (Retracted(diffrax.Midpoint()), False, (16, 32, 64, 128), (1.85, 2.15)),
     "Retracted(RK4)": (Retracted(RK4()), False, (8, 16, 32, 64), (3.85, 4.15)),
     # Tsit5 and Dopri5 have a very small principal error coefficient: their observed slope is
-    # 5.3-6 until the error is ~1e-12 (below the reference accuracy), on every seed we tried.
-    # So only the lower bound (order at least 5) is asserted, as for Tsit5 in the brief.
-    "Retracted(Tsit5)": (Retracted(diffrax.Tsit5()), False, (8, 12, 16, 24, 32), (4.8, np.inf)),
-    "Retracted(Dopri5)": (Retracted(diffrax.Dopri5()), False, (8, 12, 16, 24, 32), (4.8, np.inf)),
+    # 5.3-6 until the error is ~1e-12 (below the reference accuracy), on every seed we tried
+    # (here 5.70 and 5.62). So the band reaches one order above: a solver that were order 6
+    # would fit ~6.5-7 and fail, as would one of order 4.
+    "Retracted(Tsit5)": (Retracted(diffrax.Tsit5()), False, (8, 12, 16, 24, 32), (4.8, 6.0)),
+    "Retracted(Dopri5)": (Retracted(diffrax.Dopri5()), False, (8, 12, 16, 24, 32), (4.8, 6.0)),
     # Dopri8: errors from 5e-7 (N = 3) down to 3e-11 (N = 10); only these 5 step sizes lie
     # between the pre-asymptotic range and the reference's ~1e-13 floor, and the local slope is
     # still settling (7.8 -> 7.95), hence the wider band.
@@ -261,10 +262,10 @@ def test_convergence_order(name):
     assert lo <= fitted <= hi, (name, fitted, errors)
     # The declared order is the one measured.
     declared = solver.order(SPLIT_TERMS if split else TERM)
-    if np.isfinite(hi):
-        assert abs(fitted - declared) <= 0.4, (declared, fitted)
+    if declared >= 5 and hi - lo > 1:  # the small-coefficient methods above
+        assert declared - 0.2 <= fitted <= declared + 1.0, (declared, fitted)
     else:
-        assert fitted >= declared - 0.2, (declared, fitted)
+        assert abs(fitted - declared) <= 0.4, (declared, fitted)
 
 
 # Dense output (SaveAt(ts) off the step grid) converges too, with the smaller of the solver's
@@ -974,7 +975,7 @@ def test_solve_refuses_solvers_that_leave_the_sphere():
 def test_solve_rejects_two_fields_for_a_single_field_solver(solver, name):
     """A sequential block's (attention, ffn) given to a one-field solver: a ValueError that
     names the solver and the splittings (before: a TypeError about a tuple)."""
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="takes one field, but got 2") as info:
         solve((attention_field, linear_field), Y0, T0, T1, solver=solver, num_steps=4,
               args=PARAMS)
     message = str(info.value)

@@ -132,11 +132,16 @@ def test_svflow_train_cli(tmp_path, capsys):
     writes its files and resumes (nothing left to do) when run again."""
     from svflow_jax.cli import main
 
-    for bad in (["--steps", "0"], ["--design", "nope"], ["--weights", "cubic"],
-                ["--design", "geodesic-euler", "--norm", "pre"], ["--config", "missing.json"]):
-        with pytest.raises(SystemExit) as err:
+    for bad, named in (
+            (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
+            (["--design", "nope"], "unknown design 'nope'"),
+            (["--weights", "cubic"], "argument --weights: invalid choice: 'cubic'"),
+            (["--design", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
+            (["--config", "missing.json"], "--config: no such file missing.json")):
+        with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])
         assert err.value.code == 2, bad
+        assert named in capsys.readouterr().err, bad
     assert main(["train", "--list-designs"]) == 0
     assert "crouch-grossman3" in capsys.readouterr().out
     argv = ["train", "--design", "lie-trotter", "--num-steps", "2", "--anchors", "2",

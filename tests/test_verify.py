@@ -44,7 +44,7 @@ BAD_OPTIONS = [
 @pytest.mark.parametrize(("argv", "named"), BAD_OPTIONS)
 def test_bad_options_exit_2_naming_the_option_before_compiling(argv, named, capsys):
     start = time.perf_counter()
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
         cli.main(argv + ["--no-compile-cache"])
     assert err.value.code == 2
     assert named in capsys.readouterr().err
@@ -53,13 +53,13 @@ def test_bad_options_exit_2_naming_the_option_before_compiling(argv, named, caps
 
 def test_help_exits_0():
     for command in ("verify", "sweep"):
-        with pytest.raises(SystemExit) as err:
+        with pytest.raises(SystemExit, match="^0$") as err:
             cli.main([command, "--help"])
         assert err.value.code == 0
 
 
 def test_version(capsys):
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(SystemExit, match="^0$") as err:
         cli.main(["--version"])
     assert err.value.code == 0
     assert capsys.readouterr().out.strip() == f"svflow-jax {svflow_jax.__version__}"

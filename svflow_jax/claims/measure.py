@@ -15,8 +15,8 @@ accurate answer.
 Tolerances: two sides that are equal in exact arithmetic agree to :data:`EXACT_FLOAT64` in
 float64; in float32 to ``C_FLOAT32 L eps32 s`` (``L`` layers, ``s`` the largest token norm;
 :func:`exactness_tolerance`). Orders pass within :data:`ORDER_TOLERANCE` of theory (order >= 5:
-at least ``order - 0.2``; :func:`order_passes`), fitted over the asymptotic window
-(:func:`fit_window`).
+from ``order - 0.2`` to ``order +`` :data:`HIGH_ORDER_EXCESS`; :func:`order_passes`), fitted
+over the asymptotic window (:func:`fit_window`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ EXACT_FLOAT64 = 1e-12
 # layers on these problems (float64 per-layer differences grow linearly). Measured C: 0.4-0.9.
 C_FLOAT32 = 4.0
 ORDER_TOLERANCE = 0.15
+# Order-5+ methods may converge faster than their worst case on a given problem (their leading
+# error coefficient is small: Tsit5 fits 5.59-5.70, Dopri8 7.88-7.98 on the claims' problems),
+# but not by more than one order: a method registered one order too low fails.
+HIGH_ORDER_EXCESS = 1.0
 REFERENCE_TOLERANCE = 1e-13
 MAX_REFERENCE_STEPS = 100_000
 FIT_FLOOR = 1e-12  # ten times the reference's own error (~1e-13)
@@ -186,12 +190,13 @@ def fit_window(
 
 
 def order_passes(fitted: float, expected: float) -> bool:
-    """Within :data:`ORDER_TOLERANCE` of theory; order-5+ methods must reach ``expected - 0.2``
-    (they may exceed it on a given problem, and their last points approach round-off)."""
+    """Within :data:`ORDER_TOLERANCE` of theory; order-5+ methods must lie in
+    ``[expected - 0.2, expected + HIGH_ORDER_EXCESS]`` (they may exceed their order on a given
+    problem, and their last points approach round-off)."""
     if not math.isfinite(fitted):
         return False
     if expected >= 5:
-        return fitted >= expected - 0.2
+        return expected - 0.2 <= fitted <= expected + HIGH_ORDER_EXCESS
     return abs(fitted - expected) <= ORDER_TOLERANCE
 
 
