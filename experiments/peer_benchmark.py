@@ -480,7 +480,9 @@ def worker(framework: str) -> None:
 class Worker:
     """A worker subprocess and its JSON line protocol."""
 
-    def __init__(self, framework: str, xla_flags: str | None = None):
+    def __init__(self, framework: str, xla_flags: str | None = None,
+                 python: str | None = None):
+        """``python``: the interpreter of the worker (default this one's)."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
@@ -488,7 +490,7 @@ class Worker:
             env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS"), xla_flags]))
         self.framework = framework
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", framework],
+            [python or sys.executable, str(Path(__file__).resolve()), "--worker", framework],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )
 

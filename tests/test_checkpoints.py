@@ -38,6 +38,10 @@ GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
+# The same model converted by llama.cpp's own convert_hf_to_gguf.py (experiments/
+# make_llamacpp_gguf.py): the Q/K permutation is llama.cpp's, not our transcription of it.
+LLAMACPP_GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.llamacpp.gguf"
+GGUFS = {"gguf": GGUF_PATH, "gguf-llamacpp": LLAMACPP_GGUF_PATH}
 
 _CACHE: dict[str, object] = {}
 
@@ -45,12 +49,12 @@ _CACHE: dict[str, object] = {}
 def loaded(name: str):
     """Each golden model is loaded once per test session."""
     if name not in _CACHE:
-        _CACHE[name] = load_gguf(GGUF_PATH) if name == "gguf" else load_hf(GOLDEN / name)
+        _CACHE[name] = load_gguf(GGUFS[name]) if name in GGUFS else load_hf(GOLDEN / name)
     return _CACHE[name]
 
 
 def golden(name: str) -> dict[str, np.ndarray]:
-    folder = "llama_gqa_tied" if name == "gguf" else name
+    folder = "llama_gqa_tied" if name in GGUFS else name
     with np.load(GOLDEN / folder / "golden.npz") as data:
         return dict(data)
 
@@ -81,7 +85,7 @@ def our_outputs(name: str) -> tuple[np.ndarray, np.ndarray]:
 # ============================================================================================
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, "gguf"])
+@pytest.mark.parametrize("name", [*FAMILIES, *GGUFS])
 def test_matches_transformers(name):
     g = golden(name)
     valid = g["attention_mask"].astype(bool)
@@ -202,8 +206,9 @@ def test_unpermute_inverts_llama_cpp_permute(n_head, n_head_kv, dk, rest):
             np.testing.assert_array_equal(permuted[h * dk + 2 * i + 1], w[h * dk + i + dk // 2])
 
 
-def test_gguf_weights_equal_safetensors_weights():
-    a, b = loaded("gguf").model, loaded("llama_gqa_tied").model
+@pytest.mark.parametrize("name", GGUFS)
+def test_gguf_weights_equal_safetensors_weights(name):
+    a, b = loaded(name).model, loaded("llama_gqa_tied").model
     for get in (layer_params, outer_norm_params):
         pa, pb = get(a.transformer), get(b.transformer)
         assert set(pa) == set(pb)
@@ -211,9 +216,21 @@ def test_gguf_weights_equal_safetensors_weights():
             np.testing.assert_array_equal(np.asarray(pa[k]), np.asarray(pb[k]), err_msg=k)
     np.testing.assert_array_equal(embedding_params(a)["embed"], embedding_params(b)["embed"])
     # Same config, but for the epsilon, which GGUF stores in float32.
-    from_gguf, from_hf = loaded("gguf").config, loaded("llama_gqa_tied").config
+    from_gguf, from_hf = loaded(name).config, loaded("llama_gqa_tied").config
     assert from_gguf.norm_eps == float(np.float32(from_hf.norm_eps))
     assert from_gguf == dataclasses.replace(from_hf, norm_eps=from_gguf.norm_eps)
+
+
+def test_our_gguf_tensors_are_llama_cpps():
+    """The golden GGUF's tensors (our transcription of llama.cpp's converter, Q/K permuted)
+    are byte for byte those llama.cpp's own converter wrote for the same model."""
+    ours, theirs = (gguf.GGUFReader(str(p)) for p in (GGUF_PATH, LLAMACPP_GGUF_PATH))
+    a = {t.name: (t.tensor_type, np.asarray(t.data)) for t in ours.tensors}
+    b = {t.name: (t.tensor_type, np.asarray(t.data)) for t in theirs.tensors}
+    assert sorted(a) == sorted(b) and any(".attn_q." in k for k in a)
+    for k in a:
+        assert a[k][0] == b[k][0], k
+        np.testing.assert_array_equal(a[k][1], b[k][1], err_msg=k)
 
 
 def _copy_gguf(path: Path, tensor_types: dict | None = None, drop: tuple = ()) -> None:

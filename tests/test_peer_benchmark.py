@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "peer_benchmark.py"
@@ -80,3 +81,33 @@ def test_quick_against_torch_agrees_and_writes_ratios(tmp_path):
     for case, entry in run["cases"].items():
         assert entry["agreement"]["ok"], (case, entry["agreement"])
         assert entry["ratio_torch_over_project"] > 0
+
+
+PEER_GOLDEN = Path(__file__).parent / "golden" / "peer"
+
+
+@pytest.mark.parametrize("dtype", peer_benchmark.DTYPES)
+def test_project_agrees_with_stored_torch_outputs(dtype):
+    """Every agreement case of the peer benchmark, at its ``--quick`` size, against PyTorch's
+    and torchdiffeq's outputs stored in ``tests/golden/peer`` (``experiments/make_peer_golden.py``;
+    torch 2.13.0, torchdiffeq 0.2.5), with the benchmark's own tolerances: runs without torch."""
+    provenance = json.loads((PEER_GOLDEN / "provenance.json").read_text())
+    assert provenance["cases"] == list(peer_benchmark.CASES)
+    with np.load(PEER_GOLDEN / "inputs.npz") as f:
+        inputs = dict(f)
+    with np.load(PEER_GOLDEN / f"torch_{dtype}.npz") as f:
+        theirs = dict(f)
+    cases, outputs = peer_benchmark.jax_cases(inputs, dtype, provenance["steps"],
+                                              provenance["layers"], provenance["tol"])
+    ours = {}
+    for case, (fn, args) in cases.items():
+        for name, a in outputs(case, fn(*args)).items():
+            ours[f"{case}/{name}"] = a
+    assert sorted(ours) == sorted(theirs)
+    agree = peer_benchmark.agreement(ours, theirs, dtype)
+    for case, entry in agree.items():
+        print(f"FIGURE | peer agreement {dtype} | {case} | {entry['relative_error']:.2e} "
+              f"(tolerance {entry['tolerance']:.0e})")
+    assert all(entry["ok"] for entry in agree.values()), agree
+    # two implementations, not one: the fixed-step float64 cases agree to round-off, not bits
+    assert max(agree[c]["relative_error"] for c in ("fwd_rk4", "grad_rk4", "train_step")) > 0
