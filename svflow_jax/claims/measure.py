@@ -164,7 +164,7 @@ def _coupled(field, y0, t1):
                                                   atol=REFERENCE_TOLERANCE),
         max_steps=MAX_REFERENCE_STEPS, throw=False,
     )
-    u, r = sol.ys
+    u, r = sol.ys  # pyright: ignore[reportGeneralTypeIssues]  (saved: SaveAt(t1=True))
     return (sphere.retract(u[-1]), r[-1]), sol.result
 
 

@@ -159,7 +159,7 @@ def _from_path(path: str) -> SolverSpec:
 
         doc_source = type(obj)
     elif callable(obj):
-        make, doc_source = obj, obj
+        make, doc_source = obj, obj  # pyright: ignore[reportAssignmentType]  (a factory)
     else:
         raise fail(f"{type(obj).__name__} is neither a SolverSpec nor a solver")
     try:
@@ -186,7 +186,7 @@ def _from_path(path: str) -> SolverSpec:
         raise fail(f"one step on a single field failed ({type(error).__name__}: {error}); "
                    "the registry holds single-field solvers") from error
     doc = inspect.getdoc(doc_source) or ""
-    unretracted = None
+    unretracted = None  # pyright: ignore[reportAssignmentType]  (or the def below)
     if isinstance(solver, Retracted):
         def unretracted():
             return make().solver
