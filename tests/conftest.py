@@ -13,12 +13,13 @@ The tests' problems are small, so their time is mostly XLA compilation:
   defaults);
 * every program is kept in JAX's persistent compilation cache, ``$SVFLOW_TEST_JAX_CACHE``, else
   ``~/.cache/svflow-jax/test-xla`` (an empty ``SVFLOW_TEST_JAX_CACHE`` turns it off). It is set
-  through the environment (``JAX_COMPILATION_CACHE_DIR`` and the two thresholds at 0), so the
-  xdist workers, the scripts and commands the tests start, the notebook kernels and the docs
-  build all share it. A ``JAX_COMPILATION_CACHE_DIR`` already in the environment wins. A
-  cached program is the program XLA would compile (the key covers the computation, the flags,
-  the backend and the versions), so results do not depend on it; tests about the cache itself
-  pass their own empty folder (``--cache-dir``).
+  through the environment (``JAX_COMPILATION_CACHE_DIR``, the two thresholds at 0, at most
+  2 GiB: least recently used programs go first), so the xdist workers, the scripts and
+  commands the tests start, the notebook kernels and the docs build all share it. A
+  ``JAX_COMPILATION_CACHE_DIR`` already in the environment wins. A cached program is the
+  program XLA would compile (the key covers the computation, the flags, the backend and the
+  versions), so results do not depend on it; tests about the cache itself pass their own
+  empty folder (``--cache-dir``).
 
 Distribution over workers (``--dist loadgroup``, pyproject's ``addopts``): the tests of one file
 stay on one worker (module fixtures are built once), except that every notebook is a group of
@@ -47,6 +48,7 @@ if _cache and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 1024**3))  # LRU beyond
 
 import jax  # noqa: E402
 
