@@ -24,7 +24,8 @@ The tests' problems are small, so their time is mostly XLA compilation:
 Distribution over workers (``--dist loadgroup``, pyproject's ``addopts``): the tests of one file
 stay on one worker (module fixtures are built once), except that every notebook is a group of
 its own (executing them is a fifth of the suite's time) and the tests that load SmolLM2 form one
-group, so that the session fixture :func:`smollm2` reads the checkpoint once.
+group, so that the session fixture :func:`smollm2` reads the checkpoint once. The groups known
+to be long (:data:`LONG_FIRST`) are handed out first.
 
 With ``$SVFLOW_TEST_ARTIFACTS`` set (CI sets ``.ci/artifacts``), the controller writes
 ``durations.tsv`` there: every test's setup + call + teardown seconds, and each file's total.
@@ -76,13 +77,24 @@ def _group(item: pytest.Item) -> str:
     return item.path.name
 
 
+# Groups that take longest go first, so that no worker is left with a long group while the
+# other waits at the end (xdist hands out groups in collection order); the rest keep theirs.
+LONG_FIRST = ("smollm2", "test_docs.py", "notebook-", "test_solvers.py", "test_transformer.py",
+              "test_claims.py", "test_vmf.py", "test_checkpoints.py")
+
+
+def _rank(group: str) -> int:
+    return next((k for k, g in enumerate(LONG_FIRST) if group.startswith(g)), len(LONG_FIRST))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test with its xdist group (see the module docstring), before xdist reads
-    the marks."""
+    the marks, and puts the long groups first (a stable sort: the order within a file stays)."""
     for item in items:
         if not any(True for _ in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: _rank(next(item.iter_markers("xdist_group")).args[0]))
 
 
 _seconds: dict[str, float] = defaultdict(float)
