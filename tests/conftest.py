@@ -21,11 +21,11 @@ The tests' problems are small, so their time is mostly XLA compilation:
   versions), so results do not depend on it; tests about the cache itself pass their own
   empty folder (``--cache-dir``).
 
-Distribution over workers (``--dist loadgroup``, pyproject's ``addopts``): the tests of one file
-stay on one worker (module fixtures are built once), except that every notebook is a group of
-its own (executing them is a fifth of the suite's time) and the tests that load SmolLM2 form one
-group, so that the session fixture :func:`smollm2` reads the checkpoint once. The groups known
-to be long (:data:`LONG_FIRST`) are handed out first.
+Distribution over the xdist workers (:func:`pytest_xdist_make_scheduler`, :func:`group_of`): the
+tests of one file stay on one worker (module fixtures are built once), except that every
+notebook is a work unit of its own (executing them is a fifth of the suite's time) and the
+tests that load SmolLM2 form one, so that the session fixture :func:`smollm2` reads the
+checkpoint once. The units known to be long (:data:`LONG_FIRST`) are handed out first.
 
 With ``$SVFLOW_TEST_ARTIFACTS`` set (CI sets ``.ci/artifacts``), the controller writes
 ``durations.tsv`` there: every test's setup + call + teardown seconds, and each file's total.
@@ -69,32 +69,45 @@ def smollm2():
     return checkpoints.load(fetch_or_skip(SMOLLM2), dtype=jnp.float32)
 
 
-def _group(item: pytest.Item) -> str:
-    if "smollm2" in item.fixturenames or "smollm2" in item.originalname:
+def group_of(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, except that each notebook is a unit of its own
+    and the tests named after SmolLM2 (they use the session fixture :func:`smollm2`) one."""
+    path, _, rest = nodeid.split("@")[0].partition("::")
+    name = rest.split("[")[0]
+    if "smollm2" in name:
         return "smollm2"
-    if item.originalname == "test_notebook_runs":
-        return f"notebook-{item.callspec.id}"
-    return item.path.name
+    if name == "test_notebook_runs":
+        return "notebook-" + rest.split("[", 1)[1].rstrip("]")
+    return path
 
 
 # Groups that take longest go first, so that no worker is left with a long group while the
 # other waits at the end (xdist hands out groups in collection order); the rest keep theirs.
-LONG_FIRST = ("smollm2", "test_docs.py", "notebook-", "test_solvers.py", "test_transformer.py",
-              "test_claims.py", "test_vmf.py", "test_checkpoints.py")
+LONG_FIRST = ("smollm2", "tests/test_docs.py", "notebook-", "tests/test_solvers.py",
+              "tests/test_transformer.py", "tests/test_claims.py", "tests/test_vmf.py",
+              "tests/test_checkpoints.py")
 
 
 def _rank(group: str) -> int:
     return next((k for k, g in enumerate(LONG_FIRST) if group.startswith(g)), len(LONG_FIRST))
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks every test with its xdist group (see the module docstring), before xdist reads
-    the marks, and puts the long groups first (a stable sort: the order within a file stays)."""
-    for item in items:
-        if not any(True for _ in item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: _rank(next(item.iter_markers("xdist_group")).args[0]))
+    """Puts the long groups first (a stable sort: the order within a file stays)."""
+    items.sort(key=lambda item: _rank(group_of(item.nodeid)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's file-scope scheduling, with the work units of :func:`group_of` (pytest-xdist's
+    own ``--dist loadgroup`` marks do not reach its scheduler under pytest 9.2, whose node ids
+    no longer take xdist's ``@group`` suffix)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 _seconds: dict[str, float] = defaultdict(float)
