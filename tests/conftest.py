@@ -6,15 +6,15 @@ of the conftest, before any test module is collected. Float32 paths are exercise
 
 The tests' problems are small, so their time is mostly XLA compilation: they run under the
 project's quick-run XLA flags (``svflow_jax.xla_settings.QUICK_FLAGS``: LLVM optimisations
-off, the older fusion emitters), set here before JAX starts its CPU client. A ``XLA_FLAGS``
-in the environment wins (run ``XLA_FLAGS= python -m pytest`` for XLA's defaults).
+off, the older fusion emitters), set here before JAX starts its CPU client, and only when the
+backend is the CPU (``svflow_jax.xla_settings.project_flags``). A ``XLA_FLAGS`` in the
+environment wins (run ``XLA_FLAGS= python -m pytest`` for XLA's defaults).
 """
 
-import os
 
-from svflow_jax.xla_settings import QUICK_FLAGS
+from svflow_jax.xla_settings import use_project_flags
 
-os.environ.setdefault("XLA_FLAGS", QUICK_FLAGS)
+use_project_flags(quick=True)
 
 import jax  # noqa: E402
 
