@@ -147,13 +147,13 @@ def fit_floor(dtype) -> float:
 
 def geodesic_error(a: Float[Array, "... n d"], b: Float[Array, "... n d"]) -> float:
     """``max_i dist(R(a_i), R(b_i))``: the largest geodesic distance between directions."""
-    a, b = jnp.asarray(a), jnp.asarray(b)
-    dtype = jnp.result_type(a, b)
-    return float(_geodesic_error(a.astype(dtype), b.astype(dtype)))
+    return float(_geodesic_error(jnp.asarray(a), jnp.asarray(b)))
 
 
 @jax.jit
 def _geodesic_error(a, b):  # one program per shape instead of one per operation
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
     return jnp.max(sphere.geodesic_distance(sphere.retract(a), sphere.retract(b)))
 
 
@@ -166,28 +166,36 @@ def sphere_reference(field: Callable, u0: Float[Array, "n d"], t1: float) -> Arr
     ``rtol = atol = 1e-13``."""
     if not jax.config.jax_enable_x64:
         raise RuntimeError("reference solves run in float64: enable jax_enable_x64 first")
-    u0 = sphere.retract(jnp.asarray(u0, jnp.float64))
-    return _succeeded(*_adaptive_reference(_float64(field), u0, float(t1)))
+    return _succeeded(*_adaptive_reference(field, u0, float(t1)))
 
 
-def _succeeded(y, result):
-    """The state of a reference solve, checked on the host (a check inside the program would
-    be a host callback, which keeps the program out of the compilation cache)."""
-    if result != diffrax.RESULTS.successful:
+def _succeeded(y, result, succeeded, nan):
+    """The state of a reference solve, checked on the host from flags the program computed (a
+    check inside the program would be a host callback, which keeps the program out of the
+    compilation cache; a check by JAX operations here would compile one program each)."""
+    if not bool(succeeded):
         raise SolveError(f"a reference solve failed: {diffrax.RESULTS[result]}")
-    if bool(jnp.any(jnp.isnan(jnp.asarray(jax.tree.leaves(y)[0])))):
+    if bool(nan):
         raise SolveError("a reference solve produced NaN")
     return y
 
 
+def _outcome(y, result):
+    """``(y, result, succeeded, nan)``: what :func:`_succeeded` checks, computed in the program."""
+    return (y, result, result == diffrax.RESULTS.successful,
+            jnp.any(jnp.isnan(jax.tree.leaves(y)[0])))
+
+
 @eqx.filter_jit
 def _adaptive_reference(field, u0, t1):
+    u0 = sphere.retract(jnp.asarray(u0, jnp.float64))
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), Retracted(diffrax.Dopri8(scan_kind="lax")), 0.0, t1, None, u0,
+        diffrax.ODETerm(_float64(field)), Retracted(diffrax.Dopri8(scan_kind="lax")), 0.0, t1,
+        None, u0,
         stepsize_controller=diffrax.PIDController(rtol=REFERENCE_TOLERANCE,
                                                   atol=REFERENCE_TOLERANCE),
         max_steps=MAX_REFERENCE_STEPS, throw=False)
-    return sol.ys[-1], sol.result
+    return _outcome(sol.ys[-1], sol.result)
 
 
 def coupled_reference(field, y0: Float[Array, "n d"], t1: float) -> tuple[Array, Array]:
@@ -202,12 +210,12 @@ def coupled_reference(field, y0: Float[Array, "n d"], t1: float) -> tuple[Array,
     at the same time ``t``. Solved in float64 by ``Dopri8``, PID at ``rtol = atol = 1e-13``.
     Returns ``(U(t1), r(t1))``.
     """
-    y0 = jnp.asarray(y0, jnp.float64)
-    return _succeeded(*_coupled(_float64(field), y0, float(t1)))
+    return _succeeded(*_coupled(field, y0, float(t1)))
 
 
 @eqx.filter_jit
 def _coupled(field, y0, t1):
+    field, y0 = _float64(field), y0.astype(jnp.float64)
     def vector_field(t, state, args):
         u, r = state
         drift = field.drift(t, u)
@@ -223,7 +231,7 @@ def _coupled(field, y0, t1):
         max_steps=MAX_REFERENCE_STEPS, throw=False,
     )
     u, r = sol.ys
-    return (sphere.retract(u[-1]), r[-1]), sol.result
+    return _outcome((sphere.retract(u[-1]), r[-1]), sol.result)
 
 
 def fit_window(
@@ -278,10 +286,12 @@ def fixed_step_solve(terms, solver, y0, t1, num_steps) -> Array:
     layers. ``t1`` and ``num_steps`` are traced, so one compilation serves every step size (and
     every claim asking for the same solver on the same shapes); the program is about half the
     size of a full ``diffeqsolve``. A NaN in the result is an error, never a silent value."""
-    dtype = jnp.asarray(y0).dtype
-    y = _fixed_steps(terms, solver, y0, jnp.asarray(t1, dtype), jnp.asarray(num_steps))
-    if bool(jnp.any(jnp.isnan(y))):  # checked here, not in the program: no host callback in
-        raise FloatingPointError("a fixed-step solve produced NaN")  # it, so it is cacheable
+    dtype = jnp.asarray(y0).dtype  # NumPy scalars: jnp.asarray of a Python number compiles
+    y = _fixed_steps(terms, solver, y0, np.asarray(t1, dtype), np.asarray(num_steps))
+    # checked here, not in the program (no host callback in it, so it is cacheable), and in
+    # NumPy (a JAX operation here would compile programs of its own)
+    if np.isnan(np.asarray(y)).any():
+        raise FloatingPointError("a fixed-step solve produced NaN")
     return y
 
 
