@@ -147,7 +147,7 @@ def fit_floor(dtype) -> float:
 
 def geodesic_error(a: Float[Array, "... n d"], b: Float[Array, "... n d"]) -> float:
     """``max_i dist(R(a_i), R(b_i))``: the largest geodesic distance between directions."""
-    return float(_geodesic_error(jnp.asarray(a), jnp.asarray(b)))
+    return float(_geodesic_error(a, b))  # no jnp.asarray: it compiles a program per shape
 
 
 @jax.jit
