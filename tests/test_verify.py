@@ -130,7 +130,9 @@ def test_verify_quick_end_to_end(tmp_path):
 
     assert [c["name"] for c in summary["claims"]] == list(all_claims())
     comp = summary["compile"]
-    assert comp["xla_compilations"] > 0
+    # one program per claim's loop (variants, depths, step sizes), not one per operation: 53
+    # on jax 0.10.2, from 259 when the claims' host-side JAX operations compiled their own
+    assert 0 < comp["xla_compilations"] <= 60
     # thread-seconds: the claims' own seconds add up to busy_s, and every traced or compiled
     # program belongs to a claim, so compiling cannot exceed it (it did exceed total_s, the
     # wall time, when claims ran in two threads, and run_s was then clamped to 0)
