@@ -168,7 +168,7 @@ def summary(
     config = {**vars(options), "depths": list(options.depths), **(extra_config or {}),
               "reference_tolerance": _measure.REFERENCE_TOLERANCE,
               "fit_floor": _measure.fit_floor(options.dtype), "fit_ceiling": _measure.FIT_CEILING,
-              "min_steps_in_fit": _measure.MIN_STEPS_IN_FIT}
+              "min_steps_in_fit": _measure.MIN_STEPS_IN_FIT, **_measure.precision_in_force()}
     return {
         "schema_version": SCHEMA_VERSION,
         "passed": all(r.passed is not False for r in results),

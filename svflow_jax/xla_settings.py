@@ -1,8 +1,23 @@
 """The XLA flags the project sets for its own commands and experiments.
 
-XLA reads ``XLA_FLAGS`` once, when JAX starts its CPU client, so :func:`use_project_flags` must
+XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend, so :func:`use_project_flags` must
 run before the first array exists. A user's own ``XLA_FLAGS`` always wins: when the variable is
 set, nothing is changed.
+
+The flags are chosen per backend, and the backend is decided without starting one
+(:func:`expected_platform`): the quick flags below are CPU compiler flags, and a GPU build of
+jaxlib refuses a ``--xla_cpu_*`` flag it does not know ("Unknown flag in XLA_FLAGS") and exits.
+The rule, JAX's own order of choice read from outside:
+
+1. ``JAX_PLATFORMS`` (or ``jax.config.jax_platforms``) set: its first entry is the backend
+   (``cpu``; ``cuda``, ``rocm``, ``gpu``, ``tpu``, ...: an accelerator);
+2. unset: an installed accelerator plugin (a module of the ``jax_plugins`` namespace package or
+   a ``jax_plugins`` entry point, such as ``jax_cuda13_plugin``; or ``libtpu``) makes it an
+   accelerator, which JAX prefers to the CPU; none: the CPU.
+
+A plugin installed on a machine without its device makes JAX fall back to the CPU; the rule then
+says accelerator and no flag is set: such a run only compiles slower, it never fails.
+On an accelerator no flag is set (XLA's defaults, in quick and full runs alike).
 
 * quick runs (``svflow verify --quick``, the experiments' ``--quick``): tiny problems, where run
   time is nothing and compile time everything. :data:`QUICK_FLAGS` skips LLVM's optimisations
@@ -41,20 +56,72 @@ every cell or by more than that spread, so none is adopted.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
+from collections.abc import Sequence
 
-__all__ = ["QUICK_FLAGS", "FULL_FLAGS", "use_project_flags"]
+__all__ = ["QUICK_FLAGS", "FULL_FLAGS", "accelerator_plugins", "expected_platform",
+           "project_flags", "use_project_flags"]
 
 QUICK_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                "--xla_cpu_use_fusion_emitters=false")
 FULL_FLAGS = ""
 
 
-def use_project_flags(quick: bool = False) -> str:
-    """Sets ``XLA_FLAGS`` to the project's flags for a quick or a full run unless the user set
-    it; returns the value in force."""
+def accelerator_plugins() -> tuple[str, ...]:
+    """The installed JAX accelerator plugins, found as JAX finds them (the ``jax_plugins``
+    namespace package and entry points) but without importing them, plus ``libtpu``."""
+    names: set[str] = set()
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        names.update(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations))
+    from importlib.metadata import entry_points
+
+    names.update(e.value for e in entry_points(group="jax_plugins"))
+    if importlib.util.find_spec("libtpu") is not None:
+        names.add("libtpu")
+    return tuple(sorted(names))
+
+
+def expected_platform(platforms: str | None = None,
+                      plugins: Sequence[str] | None = None) -> str:
+    """``"cpu"`` or ``"accelerator"``: the backend JAX will start, decided without starting one
+    (the rule of the module's docstring).
+
+    Args:
+        platforms: the ``JAX_PLATFORMS`` value (default: ``jax.config.jax_platforms``, which
+            reads the environment variable); empty or ``None``: not set.
+        plugins: the installed accelerator plugins (default :func:`accelerator_plugins`).
+    """
+    if platforms is None:
+        import jax
+
+        platforms = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "")
+    first = platforms.split(",")[0].strip().lower() if platforms else ""
+    if first:
+        return "cpu" if first == "cpu" else "accelerator"
+    plugins = accelerator_plugins() if plugins is None else plugins
+    return "accelerator" if plugins else "cpu"
+
+
+def project_flags(quick: bool = False, platform: str | None = None) -> str:
+    """The project's ``XLA_FLAGS`` for a quick or a full run on ``platform`` (``"cpu"`` or
+    ``"accelerator"``; default :func:`expected_platform`): :data:`QUICK_FLAGS` for a quick run
+    on the CPU, else none."""
+    platform = expected_platform() if platform is None else platform
+    if platform not in ("cpu", "accelerator"):
+        raise ValueError(f"platform must be 'cpu' or 'accelerator', got {platform!r}")
+    if platform != "cpu":
+        return ""
+    return QUICK_FLAGS if quick else FULL_FLAGS
+
+
+def use_project_flags(quick: bool = False, platform: str | None = None) -> str:
+    """Sets ``XLA_FLAGS`` to :func:`project_flags` unless the user set it; returns the value in
+    force. Call before the first array exists."""
     if "XLA_FLAGS" not in os.environ:
-        flags = QUICK_FLAGS if quick else FULL_FLAGS
+        flags = project_flags(quick, platform)
         if flags:
             os.environ["XLA_FLAGS"] = flags
     return os.environ.get("XLA_FLAGS", "")

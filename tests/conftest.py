@@ -9,8 +9,8 @@ The tests' problems are small, so their time is mostly XLA compilation:
 
 * they run under the project's quick-run XLA flags (``svflow_jax.xla_settings.QUICK_FLAGS``:
   LLVM optimisations off, the older fusion emitters), set here before JAX starts its CPU
-  client. A ``XLA_FLAGS`` in the environment wins (``XLA_FLAGS= python -m pytest`` for XLA's
-  defaults);
+  client, and only when the backend is the CPU (``svflow_jax.xla_settings.project_flags``). A
+  ``XLA_FLAGS`` in the environment wins (``XLA_FLAGS= python -m pytest`` for XLA's defaults);
 * every program is kept in JAX's persistent compilation cache, ``$SVFLOW_TEST_JAX_CACHE``, else
   ``~/.cache/svflow-jax/test-xla`` (an empty ``SVFLOW_TEST_JAX_CACHE`` turns it off). It is set
   through the environment (``JAX_COMPILATION_CACHE_DIR``, the two thresholds at 0, at most
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import pytest
 
-from svflow_jax.xla_settings import QUICK_FLAGS
+from svflow_jax.xla_settings import use_project_flags
 
-os.environ.setdefault("XLA_FLAGS", QUICK_FLAGS)
+use_project_flags(quick=True)
 
 _cache = os.environ.get("SVFLOW_TEST_JAX_CACHE",
                         str(Path.home() / ".cache" / "svflow-jax" / "test-xla"))

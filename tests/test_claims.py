@@ -174,3 +174,55 @@ def test_claims_in_threads_give_the_same_results():
     assert ctx.shared("probe", lambda: built.append(1) or "y") == "x" and built == [1]
     with pytest.raises(ValueError, match="workers"):
         claims.run_claims(ctx, chosen, workers=0)
+
+
+@pytest.mark.parametrize(("platform", "precision", "expected"), [
+    ("cpu", None, "float32"), ("cpu", "bfloat16", "float32"),  # XLA:CPU ignores the setting
+    ("gpu", None, "tensorfloat32"), ("cuda", "default", "tensorfloat32"),
+    ("gpu", "high", "tensorfloat32"), ("gpu", "tensorfloat32", "tensorfloat32"),
+    ("gpu", "bfloat16", "tensorfloat32"), ("gpu", "highest", "float32"),
+    ("rocm", "float32", "float32"), ("tpu", None, "bfloat16"), ("tpu", "highest", "float32"),
+])
+def test_matmul_unit_roundoff_rule(platform, precision, expected):
+    name, unit = measure.matmul_unit_roundoff(platform, precision)
+    assert name == expected
+    # u = 2^-(p) for a p-bit significand (with its hidden bit): float32 24, TF32 11, bf16 8
+    bits = {"float32": jnp.finfo(jnp.float32).nmant + 1, "tensorfloat32": 11,
+            "bfloat16": jnp.finfo(jnp.bfloat16).nmant + 1}[expected]
+    assert unit == 2.0 ** -bits
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "tensorfloat32", "highest"])
+def test_cpu_ignores_the_matmul_precision_setting(precision):
+    """The rule's CPU row, measured: a float32 product has float32's error (against float64)
+    under every setting; were XLA:CPU to honour bfloat16, its error would be ~1e-3."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 256)), rng.standard_normal((256, 64))
+    exact, size = a @ b, np.abs(a) @ np.abs(b)
+    with jax.default_matmul_precision(precision):
+        product = jax.jit(jnp.matmul)(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+        assert measure.precision_in_force()["matmul_precision"] == precision
+    error = np.max(np.abs(np.asarray(product, float) - exact) / size)
+    assert error < 8 * 2.0**-24  # inputs rounded to float32, float32 sums of 256 terms
+
+
+def test_float32_tolerances_follow_the_precision_in_force(ctx, monkeypatch):
+    """Under a GPU's default precision (simulated: the backend read as ``gpu``) the float32
+    claim measures its round-off in TF32 units and records them; the float32 tolerances grow
+    by 2^13; float64 ones do not move."""
+    cpu = claims.get("exactness/float32").run(ctx)
+    assert cpu.figures["float32_matmul"] == "float32" and cpu.figures["backend"] == "cpu"
+    tolerance = measure.exactness_tolerance(jnp.float32, 8, 2.0)
+    floor = measure.fit_floor(jnp.float32)
+    monkeypatch.setattr(measure, "_platform", lambda: "gpu")
+    gpu = claims.get("exactness/float32").run(ctx)
+    assert gpu.passed is True
+    assert gpu.figures["float32_matmul"] == "tensorfloat32" and gpu.figures["backend"] == "gpu"
+    assert gpu.figures["eps"] == 2.0**-10 and "tensorfloat32" in gpu.tolerance
+    assert gpu.figures["c_eff"] == pytest.approx(cpu.figures["c_eff"] * 2.0**-13, rel=1e-12)
+    assert measure.exactness_tolerance(jnp.float32, 8, 2.0) == tolerance * 2.0**13
+    assert measure.fit_floor(jnp.float32) == floor * 2.0**13
+    assert measure.exactness_tolerance(jnp.float64, 8, 2.0) == measure.EXACT_FLOAT64

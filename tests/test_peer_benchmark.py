@@ -31,9 +31,14 @@ HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "tor
      (["--cases", "nope"], "got ['nope']"),
      (["--min-sample", "-1"], "--min-sample must be >= 0, got -1.0"),
      (["--dtypes", ""], "--dtypes must be among ('float32', 'float64'), got []"),
-     (["--sizes", "8x6"], "--sizes must be NxD pairs with D a multiple of 4"),
-     (["--sizes", "8"], "--sizes must be NxD pairs with D a multiple of 4"),
-     (["--sizes", "ax16"], "--sizes must be NxD pairs with D a multiple of 4")],
+     (["--sizes", "8x6"], "--sizes"),
+     (["--sizes", "8"], "--sizes"),
+     (["--sizes", "ax16"], "--sizes"),
+     (["--sizes", "2x8x16x4"], "--sizes"),
+     (["--sizes", "8x16:3"], "--sizes"),
+     (["--sizes", "0x8x16"], "--sizes"),
+     (["--device", "tpu"], "--device"),
+     (["--tf32"], "--tf32")],
 )
 def test_bad_arguments_are_refused(argv, named, capsys):
     with pytest.raises(SystemExit, match="^2$"):  # SystemExit's text is its code
@@ -44,8 +49,40 @@ def test_bad_arguments_are_refused(argv, named, capsys):
 def test_arguments_defaults():
     args = peer_benchmark.parse_args(["--quick"])
     assert args.dtypes == ["float32", "float64"] and args.cases == list(peer_benchmark.CASES)
+    assert args.device == "cpu" and not args.tf32
     assert set(peer_benchmark.GRADIENT_CASES) <= set(peer_benchmark.CASES)
-    assert peer_benchmark.parse_args(["--sizes", "8x16,32x64"]).sizes == [(8, 16), (32, 64)]
+    assert peer_benchmark.parse_args(["--sizes", "8x16,32x64"]).sizes == [(1, 8, 16, 4),
+                                                                         (1, 32, 64, 4)]
+    assert peer_benchmark.parse_args(["--sizes", "8x1024x1024:16"]).sizes == [
+        peer_benchmark.LARGE]
+
+
+def test_gpu_arguments():
+    """On a GPU the torch.compile peer joins the default cases; TF32 only when asked."""
+    args = peer_benchmark.parse_args(["--device", "cuda"])
+    assert args.cases == list(peer_benchmark.ALL_CASES) and not args.tf32
+    assert "fwd_rk4_compiled" in args.cases and "fwd_rk4_compiled" not in peer_benchmark.CASES
+    assert peer_benchmark.parse_args(["--device", "cuda", "--tf32"]).tf32
+    assert peer_benchmark.LARGE == (8, 1024, 1024, 16)
+
+
+def test_workers_compute_on_the_chosen_device(monkeypatch):
+    """The JAX worker's backend follows --device whatever the caller's JAX_PLATFORMS; the
+    torch worker's environment is the caller's."""
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert peer_benchmark.worker_env("jax", "cuda")["JAX_PLATFORMS"] == "cuda"
+    assert peer_benchmark.worker_env("jax", "cpu")["JAX_PLATFORMS"] == "cpu"
+    assert peer_benchmark.worker_env("torch", "cuda")["JAX_PLATFORMS"] == "cpu"
+    flags = peer_benchmark.worker_env("jax", "cpu", "--xla_cpu_use_xnnpack=true")["XLA_FLAGS"]
+    assert flags.endswith("--xla_cpu_use_xnnpack=true")
+
+
+def test_a_failed_case_is_reported_not_compared():
+    out = {"fwd_rk4/y": np.ones(3)}
+    agree = peer_benchmark.agreement(out, out, "float32", ["fwd_rk4", "grad_rk4"],
+                                     failed={"grad_rk4": {"torch": "OutOfMemoryError: ..."}})
+    assert agree["fwd_rk4"] == {"relative_error": 0.0, "tolerance": 1e-4, "ok": True}
+    assert agree["grad_rk4"]["ok"] is False and "torch" in agree["grad_rk4"]["failed"]
 
 
 def _run(tmp_path, *argv) -> dict:
@@ -61,14 +98,20 @@ def _run(tmp_path, *argv) -> dict:
 
 
 def test_project_side_alone_runs_without_torch(tmp_path):
-    cases = ["fwd_rk4", "grad_rk4_stored", "train_step"]
+    """Today's size and a batched one with other heads (the large size's shape, scaled down)."""
+    cases = ["fwd_rk4", "grad_rk4_stored", "train_step", "fwd_rk4_compiled"]
     result = _run(tmp_path, "--quick", "--jax-only", "--dtypes", "float32", "--rounds", "1",
-                  "--cases", ",".join(cases))
-    (run,) = result["runs"]
-    assert set(run["cases"]) == set(cases)
-    for case in cases:
-        assert run["cases"][case]["median_s"]["jax"] > 0
-    assert run["cases"]["grad_rk4_stored"]["memory"]["jax"]["xla_temp_bytes"] > 0
+                  "--cases", ",".join(cases), "--sizes", "8x16,2x8x16:2")
+    assert [(r["batch"], r["heads"]) for r in result["runs"]] == [(1, 4), (2, 2)]
+    assert result["device"] == "cpu" and result["workers"]["jax"]["device"] == "cpu:0"
+    for run in result["runs"]:
+        assert set(run["cases"]) == set(cases)
+        for case in cases:
+            assert run["cases"][case]["median_s"]["jax"] > 0
+        assert run["cases"]["grad_rk4_stored"]["memory"]["jax"]["xla_temp_bytes"] > 0
+    batched = np.load(tmp_path / "outputs_jax_b2_n8_d16_h2_float32.npz")["fwd_rk4/y"]
+    assert batched.shape == (2, 8, 16)
+    assert np.allclose(np.linalg.norm(batched, axis=-1), 1, atol=1e-5)  # on the sphere
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch and torchdiffeq not installed (pip install "
@@ -100,7 +143,8 @@ def test_project_agrees_with_stored_torch_outputs(dtype):
     cases, outputs = peer_benchmark.jax_cases(inputs, dtype, provenance["steps"],
                                               provenance["layers"], provenance["tol"])
     ours = {}
-    for case, (fn, args) in cases.items():
+    for case in provenance["cases"]:  # fwd_rk4_compiled is fwd_rk4 on the project's side
+        fn, args = cases[case]
         for name, a in outputs(case, fn(*args)).items():
             ours[f"{case}/{name}"] = a
     assert sorted(ours) == sorted(theirs)

@@ -14,15 +14,16 @@ import math
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import correspondence
-from ..solvers import RetractedEuler, solve
+from ..solvers import RetractedEuler, SolveError, solve
 from ..solvers.solve import time_value
 from ..transformer import RoPE
 from .core import Context, Evidence, claim
-from .measure import C_FLOAT32, exactness_tolerance
+from .measure import C_FLOAT32, exactness_tolerance, precision_in_force
 from .problem import checkpoint_like, hidden_states, inputs, random_params, transformer_config
 
 __all__ = ["VARIANTS"]
@@ -80,31 +81,52 @@ def _exactness(ctx: Context, index: int, variant: str) -> Evidence:
     params = random_params(config, ctx.options.seed + index)
     if config.norm_gain or config.any_bias or config.qk_norm:
         params = checkpoint_like(config, params, ctx.options.seed + index)
-    gaps = correspondence.layer_gaps(config, params, inputs(ctx))
-    per_layer = np.asarray(gaps["per_layer"])
+    gaps = _gaps(config, params, inputs(ctx))
+    per_layer = gaps["per_layer"]
     scale = float(gaps["scale"])
     tolerance = exactness_tolerance(config.param_dtype, config.n_layers, scale)
     figures = {"max_abs_diff": float(per_layer.max()), "depth": config.n_layers,
                "moved": float(gaps["moved"]), "scale": scale}
     passed = bool(per_layer.max() <= tolerance)
-    if config.norm_position == "post" and not config.project_branches:
+    if "radial_factors" in gaps:
         # The per-token step needs 1 + c x.u > 0 at every sub-step.
-        factor = float(np.min(correspondence.radial_factors(config, params,
-                                                            gaps["substep_states"])))
+        factor = float(np.min(gaps["radial_factors"]))
         figures["min_radial_factor"] = factor
         passed = passed and factor > 0
-    if config.ffn == "moe":
-        figures.update(_routing(config, params, gaps["substep_states"]))
+    if "router_logits" in gaps:
+        figures.update(_routing(config, gaps["router_logits"]))
     rows = [{"layer": l + 1, "max_abs_diff": float(v)} for l, v in enumerate(per_layer)]
     return Evidence(passed, figures, f"max abs diff <= {tolerance:.1e}", rows)
 
 
-def _routing(config, params, substep_states) -> dict:
+def _gaps(config, params, x) -> dict[str, np.ndarray]:
+    """:func:`svflow_jax.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
+    ``scale``), with ``radial_factors`` for a standard post-norm stack and ``router_logits``
+    (at each layer's FFN input) for a MoE one: one compiled program, NumPy arrays back."""
+    gaps = jax.tree.map(np.asarray, _gaps_program(config, dict(params), x))
+    if not np.all(np.isfinite(gaps["per_layer"])):  # checked here: the program stays cacheable
+        raise SolveError("the flow side returned NaN (a standard post-norm step with "
+                         "1 + h x.u <= 0, or a field that produced NaN)")
+    return gaps
+
+
+@eqx.filter_jit
+def _gaps_program(config, params, x):
+    per_layer, _, moved, scale, substeps = correspondence._layer_gaps(config, params, {}, x,
+                                                                      None)
+    out = {"per_layer": per_layer, "moved": moved, "scale": scale}
+    if config.norm_position == "post" and not config.project_branches:
+        out["radial_factors"] = correspondence.radial_factors(config, params, substeps)
+    if config.ffn == "moe":
+        ffn_inputs = substeps[1::2][: config.n_layers]  # after each attention sub-step
+        out["router_logits"] = correspondence.router_logits(config, params, ffn_inputs)
+    return out
+
+
+def _routing(config, logits: np.ndarray) -> dict:
     """How the top-k router routes along the trajectory: the number of distinct expert sets
     (routing that never changes would not test top-k) and the smallest gap between the k-th and
     (k+1)-th logits (far above round-off: both sides must select the same experts)."""
-    ffn_inputs = substep_states[1::2][: config.n_layers]  # after each attention sub-step
-    logits = np.asarray(correspondence.router_logits(config, params, ffn_inputs))
     k = config.top_k
     top = np.sort(np.argsort(-logits, axis=-1, kind="stable")[..., :k], axis=-1).reshape(-1, k)
     ordered = np.sort(logits, axis=-1)
@@ -134,12 +156,9 @@ def plain_solve(ctx: Context) -> Evidence:
         config = transformer_config(ctx, norm_position=position, block="parallel",
                                     project_branches=projected)
         params = random_params(config, ctx.options.seed + 11)
-        states = hidden_states(config, params, inputs(ctx))
-        diff = float(_plain_solve_gap(correspondence.to_flow(config, params), states,
-                                      position))
+        diff, scale = map(float, _plain_solve_gap(config, params, inputs(ctx)))
         if not math.isfinite(diff):
             raise FloatingPointError(f"the {position}-norm plain solve produced NaN")
-        scale = float(jnp.max(jnp.linalg.norm(states, axis=-1)))
         tolerance = exactness_tolerance(config.param_dtype, config.n_layers, scale)
         rows.append({"stack": f"{position}-norm parallel", "max_abs_diff": diff,
                      "tolerance": tolerance, "passed": diff <= tolerance})
@@ -149,12 +168,15 @@ def plain_solve(ctx: Context) -> Evidence:
 
 
 @eqx.filter_jit
-def _plain_solve_gap(flow, states, position: str):
-    """``max |x_l - rho y_l|`` against a plain solve: ``solve(v_A + v_F, RetractedEuler())``
-    (post-norm) or ``diffrax.Euler`` on ``dy/dt = F(y / |y|)`` (pre-norm); checked by the
-    caller (no runtime check inside, so the program can be cached)."""
+def _plain_solve_gap(config, params, x):
+    """``(max |x_l - rho y_l|, max |x_l|)`` against a plain solve: ``solve(v_A + v_F,
+    RetractedEuler())`` (post-norm) or ``diffrax.Euler`` on ``dy/dt = F(y / |y|)`` (pre-norm);
+    checked by the caller (no runtime check inside, so the program can be cached). One
+    program: the Transformer, its flow and the solve."""
+    states = hidden_states(config, params, x)
+    flow = correspondence.to_flow(config, params)
     y0 = states[0] / flow.radius
-    if position == "post":
+    if config.norm_position == "post":
         ys = solve(flow.field, y0, 0.0, flow.t1, solver=RetractedEuler(),
                    num_steps=flow.num_layers, saveat=diffrax.SaveAt(steps=True),
                    throw=False).ys
@@ -164,28 +186,33 @@ def _plain_solve_gap(flow, states, position: str):
             diffrax.ODETerm(flow.field.ambient), diffrax.Euler(), time_value(0.0, y0.dtype), t1,
             t1 / flow.num_layers, y0, saveat=diffrax.SaveAt(steps=True),
             max_steps=flow.num_layers, throw=False).ys
-    return jnp.max(jnp.abs(ys * flow.radius - states[1:]))
+    return (jnp.max(jnp.abs(ys * flow.radius - states[1:])),
+            jnp.max(jnp.linalg.norm(states, axis=-1)))
 
 
 @claim("exactness/float32", "exactness",
        "In float32 the two sides differ by round-off that grows at most linearly in depth: "
-       f"max_l d_l / (l eps32 s) <= {C_FLOAT32:g} (s: the largest token norm).")
+       f"max_l d_l / (l eps s) <= {C_FLOAT32:g} (s: the largest token norm; eps = 2 u of the "
+       "float32 matrix multiply in force: eps32 on a CPU, TF32's 2^-10 under a GPU's default "
+       "precision).")
 def float32_bound(ctx: Context) -> Evidence:
-    eps = float(np.finfo(np.float32).eps)
+    precision = precision_in_force()
+    eps = 2 * precision["float32_unit_roundoff"]
     rows = []
     for position, projected in (("post", True), ("pre", False)):
         config = transformer_config(ctx, norm_position=position, block="sequential",
                                     project_branches=projected, param_dtype=jnp.float32)
         params = random_params(config, ctx.options.seed + 13)
-        gaps = correspondence.layer_gaps(config, params, inputs(ctx).astype(jnp.float32))
-        per_layer = np.asarray(gaps["per_layer"], float)
+        gaps = _gaps(config, params, np.asarray(inputs(ctx)).astype(np.float32))
+        per_layer = gaps["per_layer"].astype(float)
         layers = np.arange(1, config.n_layers + 1)
         ratio = float(np.max(per_layer / (layers * eps * float(gaps["scale"]))))
         rows.append({"stack": f"{position}-norm sequential", "max_abs_diff": float(
             per_layer.max()), "c_eff": ratio, "visible": bool(per_layer.max() > 1e-9)})
     passed = all(r["c_eff"] <= C_FLOAT32 and r["visible"] for r in rows)
-    return Evidence(passed, {"c_eff": max(r["c_eff"] for r in rows)},
-                    f"c_eff <= {C_FLOAT32:g}, and the round-off visible (> 1e-9)", rows)
+    return Evidence(passed, {"c_eff": max(r["c_eff"] for r in rows), "eps": eps, **precision},
+                    f"c_eff <= {C_FLOAT32:g} (eps = {eps:.3g}, {precision['float32_matmul']} "
+                    "matrix multiplies), and the round-off visible (> 1e-9)", rows)
 
 
 # Arrays to_flow rescales (pre-norm gains folded in, biases divided by rho): they come back
@@ -215,20 +242,22 @@ def round_trip(ctx: Context) -> Evidence:
     variants += [("sequential", "swiglu", "gqa", True, "pre", ctx.options.dtype, extra)
                  for extra in (real, dict(real, qkv_bias=True), dict(real, qk_norm=True,
                                                                      use_bias=True))]
-    for block, ffn, head, gain, position, dtype, extra in variants:
+    cases = []
+    for seed, (block, ffn, head, gain, position, dtype, extra) in enumerate(variants):
         config = _variant_config(ctx, dict(block=block, norm_gain=gain, norm_position=position,
                                            n_layers=2, param_dtype=jnp.dtype(dtype),
                                            **ffns[ffn], **heads[head], **extra))
-        params = random_params(config, ctx.options.seed + count)
-        if gain:  # gains other than 1 must survive too
-            params = correspondence.with_gains(config, params, 1.25)
-        if extra:
-            params = checkpoint_like(config, params, ctx.options.seed + count)
-        back = correspondence.to_transformer_params(correspondence.to_flow(config, params),
-                                                    config)
+        params = random_params(config, ctx.options.seed + seed)
+        if extra:  # checkpoint-like gains and biases (gains other than 1)
+            params = checkpoint_like(config, params, ctx.options.seed + seed)
+        cases.append((config, params, gain and not extra))
+    # every variant's round trip in one program (one per variant and operation otherwise)
+    trips = jax.tree.map(np.asarray, _round_trips(tuple(cases)))
+    for (block, ffn, head, gain, position, dtype, extra), (params, back) in zip(
+            variants, trips, strict=True):
         bad = sorted(set(params) ^ set(back))
         for name in sorted(set(params) & set(back)):
-            a, b = np.asarray(params[name]), np.asarray(back[name])
+            a, b = params[name], back[name]
             if not (a.shape == b.shape and a.dtype == b.dtype):
                 bad.append(name)
             elif name in _RESCALED and (position == "pre" and gain or name.startswith("b")):
@@ -244,29 +273,59 @@ def round_trip(ctx: Context) -> Evidence:
                     "0 variants differ (bit-identical; eps |w| for rescaled arrays)", failures)
 
 
+@eqx.filter_jit
+def _round_trips(cases):
+    """``(params, back)`` per ``(config, params, set_gains)``: ``back`` the weights that
+    ``to_flow`` then ``to_transformer_params`` return; ``set_gains``: every Norm gain set to
+    1.25 first (gains other than 1 must survive too)."""
+    out = []
+    for config, params, set_gains in cases:
+        if set_gains:
+            params = correspondence.with_gains(config, params, 1.25)
+        out.append((params, correspondence.to_transformer_params(
+            correspondence.to_flow(config, params), config)))
+    return out
+
+
 @claim("gains/ellipsoid", "exactness",
        "With RMSNorm gains g, every post-norm state lies on the ellipsoid |x / g| = sqrt(d) of "
        "the Norm that produced it (not on the sphere).")
 def ellipsoid(ctx: Context) -> Evidence:
     rng = np.random.default_rng(ctx.options.seed + 17)
-    rows = []
+    cases = []
     for block in ("sequential", "parallel", "macaron"):
         config = transformer_config(ctx, norm_gain=True, block=block)
         params = random_params(config, ctx.options.seed + 19)
         shape = (config.n_layers, config.d_model)
         gains = [rng.uniform(0.5, 1.5, shape) for _ in range(2)]
-        params = correspondence.with_gains(config, params, gains)
-        g_in = jnp.asarray(rng.uniform(0.5, 1.5, config.d_model), config.param_dtype)
-        outer = correspondence.input_norm(g_in)
-        states = hidden_states(config, params, inputs(ctx), outer, substeps=True)
-        all_gains = jnp.concatenate([g_in[None], correspondence.substep_gains(config, params)])
-        residual = float(jnp.max(correspondence.ellipsoid_residual(states, all_gains[:, None])))
-        off = float(jnp.max(jnp.abs(jnp.linalg.norm(states, axis=-1) - math.sqrt(config.d_model))))
+        g_in = np.asarray(rng.uniform(0.5, 1.5, config.d_model), config.param_dtype)
+        cases.append((config, params, gains, g_in))
+    residuals = _ellipsoid_residuals(tuple(cases), inputs(ctx))  # one program for the three
+    rows = []
+    for (config, *_), (residual, off) in zip(cases, residuals, strict=True):
+        residual, off = float(residual), float(off)
         tolerance = exactness_tolerance(config.param_dtype, config.n_layers, math.sqrt(
             config.d_model) * 1.5)
-        rows.append({"block": block, "ellipsoid_residual": residual, "sphere_residual": off,
-                     "passed": residual <= tolerance and off > 0.1})
+        rows.append({"block": config.block, "ellipsoid_residual": residual,
+                     "sphere_residual": off, "passed": residual <= tolerance and off > 0.1})
     return Evidence(all(r["passed"] for r in rows),
                     {"ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows),
                      "sphere_residual": min(r["sphere_residual"] for r in rows)},
                     "ellipsoid residual <= the exactness tolerance; sphere residual > 0.1", rows)
+
+
+@eqx.filter_jit
+def _ellipsoid_residuals(cases, x):
+    """Per ``(config, params, gains, input gain)``: the largest residual of the post-norm states
+    (after every sub-step) from their Norm's ellipsoid, and from the sphere of radius sqrt(d)."""
+    out = []
+    for config, params, gains, g_in in cases:
+        params = correspondence.with_gains(config, params, [jnp.asarray(g) for g in gains])
+        g_in = jnp.asarray(g_in)
+        states = hidden_states(config, params, x, correspondence.input_norm(g_in),
+                               substeps=True)
+        all_gains = jnp.concatenate([g_in[None], correspondence.substep_gains(config, params)])
+        out.append((jnp.max(correspondence.ellipsoid_residual(states, all_gains[:, None])),
+                    jnp.max(jnp.abs(jnp.linalg.norm(states, axis=-1)
+                                    - math.sqrt(config.d_model)))))
+    return out

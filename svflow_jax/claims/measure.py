@@ -13,10 +13,15 @@ system of directions and radii, by plain ``Dopri8`` at the same tolerance
 accurate answer.
 
 Tolerances: two sides that are equal in exact arithmetic agree to :data:`EXACT_FLOAT64` in
-float64; in float32 to ``C_FLOAT32 L eps32 s`` (``L`` layers, ``s`` the largest token norm;
-:func:`exactness_tolerance`). Orders pass within :data:`ORDER_TOLERANCE` of theory (order >= 5:
-from ``order - 0.2`` to ``order +`` :data:`HIGH_ORDER_EXCESS`; :func:`order_passes`), fitted
-over the asymptotic window (:func:`fit_window`).
+float64; in float32 to ``C_FLOAT32 L eps s`` (``L`` layers, ``s`` the largest token norm,
+``eps = 2 u`` with ``u`` the unit round-off of a float32 matrix multiply in force;
+:func:`exactness_tolerance`, :func:`matmul_unit_roundoff`). ``u`` is float32's ``2^-24`` on the
+CPU, and TF32's ``2^-11`` under a GPU's default precision, where XLA rounds a float32 matrix
+multiply's inputs to TF32: the tolerances follow what the hardware was asked to do, and
+``summary.json`` records it (:func:`precision_in_force`). Orders pass within
+:data:`ORDER_TOLERANCE` of theory (order >= 5: from ``order - 0.2`` to ``order +``
+:data:`HIGH_ORDER_EXCESS`; :func:`order_passes`), fitted over the asymptotic window
+(:func:`fit_window`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ __all__ = [
     "FIT_FLOOR_FLOAT32",
     "FIT_CEILING",
     "MIN_STEPS_IN_FIT",
+    "UNIT_ROUNDOFF",
+    "matmul_unit_roundoff",
+    "precision_in_force",
     "exactness_tolerance",
     "fit_floor",
     "geodesic_error",
@@ -75,27 +83,82 @@ FIT_CEILING = 1e-1
 MIN_STEPS_IN_FIT = 8  # coarser steps over [0, T] are pre-asymptotic
 
 
+# Unit round-off u (half the machine epsilon) of the formats a float32 matrix multiply may use.
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "tensorfloat32": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def matmul_unit_roundoff(platform: str, precision: str | None = None) -> tuple[str, float]:
+    """``(format, u)``: the format a float32 matrix multiply rounds its inputs to on
+    ``platform`` under ``jax_default_matmul_precision`` ``precision``, and its unit round-off.
+
+    The rule (JAX's ``lax.Precision``):
+
+    * ``highest`` / ``float32``: float32 everywhere (``u = 2^-24``);
+    * ``cpu``: float32 whatever the setting: XLA's CPU backend ignores it (measured with
+      ``jax 0.10.2``: a 64 x 256 x 64 product has the same error, 1.9e-7 relative, under every
+      setting; ``tests/test_claims.py`` measures it again);
+    * ``gpu`` (``cuda``, ``rocm``), any lower setting (``None``, ``default``, ``high``,
+      ``bfloat16``, ``tensorfloat32``): TF32 (``u = 2^-11``), what XLA uses on GPUs with tensor
+      cores (an older GPU computes in float32, so the tolerance is then only looser);
+    * ``tpu``, any lower setting: bfloat16 passes (``u = 2^-8``; ``high``, three passes, is
+      more accurate than that: the tolerance is looser than needed).
+    """
+    precision = (precision or "default").lower()
+    platform = platform.lower()
+    if precision in ("highest", "float32") or platform == "cpu":
+        name = "float32"
+    elif platform in ("gpu", "cuda", "rocm"):
+        name = "tensorfloat32"
+    else:
+        name = "bfloat16"
+    return name, UNIT_ROUNDOFF[name]
+
+
+def precision_in_force() -> dict[str, Any]:
+    """The backend, ``jax_default_matmul_precision`` and the float32 matrix multiply's format and
+    unit round-off that follow (:func:`matmul_unit_roundoff`): the facts behind every float32
+    tolerance of a run (``summary.json`` records them). Starts the backend."""
+    platform = _platform()
+    precision = jax.config.jax_default_matmul_precision
+    name, unit = matmul_unit_roundoff(platform, precision)
+    return {"backend": platform, "matmul_precision": precision or "default",
+            "float32_matmul": name, "float32_unit_roundoff": unit}
+
+
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def _float32_epsilon() -> float:
+    """``2 u`` of a float32 matrix multiply in force (``eps32`` on the CPU)."""
+    return 2 * precision_in_force()["float32_unit_roundoff"]
+
+
 def exactness_tolerance(dtype, layers: int, scale: float) -> float:
-    """``1e-12`` in float64; ``C_FLOAT32 * layers * eps32 * scale`` in float32."""
+    """``1e-12`` in float64; ``C_FLOAT32 * layers * eps * scale`` in float32, ``eps = 2 u`` of
+    the float32 matrix multiply in force (:func:`precision_in_force`; ``eps32`` on the CPU)."""
     if jnp.dtype(dtype) == jnp.float64:
         return EXACT_FLOAT64
-    return C_FLOAT32 * layers * float(jnp.finfo(jnp.float32).eps) * scale
+    return C_FLOAT32 * layers * _float32_epsilon() * scale
 
 
 def fit_floor(dtype) -> float:
-    """Smallest error that enters an order fit, for states of ``dtype``."""
-    return FIT_FLOOR if jnp.dtype(dtype) == jnp.float64 else FIT_FLOOR_FLOAT32
+    """Smallest error that enters an order fit, for states of ``dtype`` (in float32 scaled by
+    the matrix multiply's round-off in force relative to float32's)."""
+    if jnp.dtype(dtype) == jnp.float64:
+        return FIT_FLOOR
+    return FIT_FLOOR_FLOAT32 * _float32_epsilon() / float(jnp.finfo(jnp.float32).eps)
 
 
 def geodesic_error(a: Float[Array, "... n d"], b: Float[Array, "... n d"]) -> float:
     """``max_i dist(R(a_i), R(b_i))``: the largest geodesic distance between directions."""
-    a, b = jnp.asarray(a), jnp.asarray(b)
-    dtype = jnp.result_type(a, b)
-    return float(_geodesic_error(a.astype(dtype), b.astype(dtype)))
+    return float(_geodesic_error(a, b))  # no jnp.asarray: it compiles a program per shape
 
 
 @jax.jit
 def _geodesic_error(a, b):  # one program per shape instead of one per operation
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
     return jnp.max(sphere.geodesic_distance(sphere.retract(a), sphere.retract(b)))
 
 
@@ -108,28 +171,36 @@ def sphere_reference(field: Callable, u0: Float[Array, "n d"], t1: float) -> Arr
     ``rtol = atol = 1e-13``."""
     if not jax.config.jax_enable_x64:
         raise RuntimeError("reference solves run in float64: enable jax_enable_x64 first")
-    u0 = sphere.retract(jnp.asarray(u0, jnp.float64))
-    return _succeeded(*_adaptive_reference(_float64(field), u0, float(t1)))
+    return _succeeded(*_adaptive_reference(field, u0, float(t1)))
 
 
-def _succeeded(y, result):
-    """The state of a reference solve, checked on the host (a check inside the program would
-    be a host callback, which keeps the program out of the compilation cache)."""
-    if result != diffrax.RESULTS.successful:
+def _succeeded(y, result, succeeded, nan):
+    """The state of a reference solve, checked on the host from flags the program computed (a
+    check inside the program would be a host callback, which keeps the program out of the
+    compilation cache; a check by JAX operations here would compile one program each)."""
+    if not bool(succeeded):
         raise SolveError(f"a reference solve failed: {diffrax.RESULTS[result]}")
-    if bool(jnp.any(jnp.isnan(jnp.asarray(jax.tree.leaves(y)[0])))):
+    if bool(nan):
         raise SolveError("a reference solve produced NaN")
     return y
 
 
+def _outcome(y, result):
+    """``(y, result, succeeded, nan)``: what :func:`_succeeded` checks, computed in the program."""
+    return (y, result, result == diffrax.RESULTS.successful,
+            jnp.any(jnp.isnan(jax.tree.leaves(y)[0])))
+
+
 @eqx.filter_jit
 def _adaptive_reference(field, u0, t1):
+    u0 = sphere.retract(jnp.asarray(u0, jnp.float64))
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field), Retracted(diffrax.Dopri8(scan_kind="lax")), 0.0, t1, None, u0,
+        diffrax.ODETerm(_float64(field)), Retracted(diffrax.Dopri8(scan_kind="lax")), 0.0, t1,
+        None, u0,
         stepsize_controller=diffrax.PIDController(rtol=REFERENCE_TOLERANCE,
                                                   atol=REFERENCE_TOLERANCE),
         max_steps=MAX_REFERENCE_STEPS, throw=False)
-    return sol.ys[-1], sol.result
+    return _outcome(sol.ys[-1], sol.result)
 
 
 def coupled_reference(field, y0: Float[Array, "n d"], t1: float) -> tuple[Array, Array]:
@@ -144,12 +215,12 @@ def coupled_reference(field, y0: Float[Array, "n d"], t1: float) -> tuple[Array,
     at the same time ``t``. Solved in float64 by ``Dopri8``, PID at ``rtol = atol = 1e-13``.
     Returns ``(U(t1), r(t1))``.
     """
-    y0 = jnp.asarray(y0, jnp.float64)
-    return _succeeded(*_coupled(_float64(field), y0, float(t1)))
+    return _succeeded(*_coupled(field, y0, float(t1)))
 
 
 @eqx.filter_jit
 def _coupled(field, y0, t1):
+    field, y0 = _float64(field), y0.astype(jnp.float64)
     def vector_field(t, state, args):
         u, r = state
         drift = field.drift(t, u)
@@ -165,7 +236,7 @@ def _coupled(field, y0, t1):
         max_steps=MAX_REFERENCE_STEPS, throw=False,
     )
     u, r = sol.ys  # pyright: ignore[reportGeneralTypeIssues]  (saved: SaveAt(t1=True))
-    return (sphere.retract(u[-1]), r[-1]), sol.result
+    return _outcome((sphere.retract(u[-1]), r[-1]), sol.result)
 
 
 def fit_window(
@@ -221,10 +292,12 @@ def fixed_step_solve(terms, solver, y0, t1, num_steps) -> Array:
     layers. ``t1`` and ``num_steps`` are traced, so one compilation serves every step size (and
     every claim asking for the same solver on the same shapes); the program is about half the
     size of a full ``diffeqsolve``. A NaN in the result is an error, never a silent value."""
-    dtype = jnp.asarray(y0).dtype
-    y = _fixed_steps(terms, solver, y0, jnp.asarray(t1, dtype), jnp.asarray(num_steps))
-    if bool(jnp.any(jnp.isnan(y))):  # checked here, not in the program: no host callback in
-        raise FloatingPointError("a fixed-step solve produced NaN")  # it, so it is cacheable
+    dtype = jnp.asarray(y0).dtype  # NumPy scalars: jnp.asarray of a Python number compiles
+    y = _fixed_steps(terms, solver, y0, np.asarray(t1, dtype), np.asarray(num_steps))
+    # checked here, not in the program (no host callback in it, so it is cacheable), and in
+    # NumPy (a JAX operation here would compile programs of its own)
+    if np.isnan(np.asarray(y)).any():
+        raise FloatingPointError("a fixed-step solve produced NaN")
     return y
 
 

@@ -10,8 +10,10 @@ solver compiles once for all its step sizes.
 from __future__ import annotations
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import sphere
 from ..flow import AttentionField, Constant, ExpertsField, PiecewiseConstant, SumField
@@ -42,6 +44,9 @@ def _in_run_dtype(ctx: Context):
     field = jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating)
                          else a, problem.field)
     return field, problem.u0.astype(dtype)
+
+
+_norm_drift = jax.jit(sphere.norm_drift)  # one program per shape, not one per operation
 
 
 def sweep_counts(ctx: Context, spec: SolverSpec, step_range=None, num_sizes=None) -> list[int]:
@@ -88,7 +93,7 @@ def solver_sweep(
             "error": geodesic_error(y, ref),
             "evaluations": count * spec.evaluations_per_step,
             "seconds": median_seconds(lambda c=count: run(c), ctx.options.repeats),
-            "norm_drift": float(sphere.norm_drift(y)),
+            "norm_drift": float(_norm_drift(y)),
         })
     fit = fit_window([p["step_size"] for p in points], [p["error"] for p in points],
                      floor=fit_floor(dtype), max_step=problem.t1 / MIN_STEPS_IN_FIT)
@@ -183,8 +188,7 @@ def aligned_rk4(ctx: Context) -> Evidence:
     problem = test_problem(ctx)
     smooth = problem.smooth
     h = problem.t1 / ANCHORS
-    times = jnp.arange(ANCHORS, dtype=jnp.float64) * h
-    layers = [jax.vmap(f.params)(times) for f in (smooth.attention, smooth.experts)]
+    layers = _layer_weights(smooth, h)
 
     def field(path):
         return SumField(AttentionField(path(layers[0], h), causal=smooth.attention.causal),
@@ -194,8 +198,8 @@ def aligned_rk4(ctx: Context) -> Evidence:
     # Reference: each layer's constant field solved over its own interval, chained.
     def build_reference():
         u = problem.u0
-        for l in range(ANCHORS):
-            constant = [jax.tree.map(lambda a, l=l: a[l], p) for p in layers]
+        for l in range(ANCHORS):  # layer l's weights, taken in NumPy (no program each)
+            constant = [jax.tree.map(lambda a, l=l: np.asarray(a)[l], p) for p in layers]
             piece = SumField(
                 AttentionField(Constant(constant[0]), causal=smooth.attention.causal),
                 ExpertsField(Constant(constant[1]), top_k=smooth.experts.top_k,
@@ -226,6 +230,13 @@ def aligned_rk4(ctx: Context) -> Evidence:
     return Evidence(passed, figures, "|fitted order - 4| <= 0.15", rows)
 
 
+@eqx.filter_jit
+def _layer_weights(smooth, h):
+    """``theta(l h)`` of the attention and FFN paths, ``l = 0..ANCHORS-1``, in one program."""
+    times = jnp.arange(ANCHORS, dtype=jnp.float64) * h
+    return [jax.vmap(f.params)(times) for f in (smooth.attention, smooth.experts)]
+
+
 def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
     """``max | |y(T)| - 1 |`` of ``spec``'s method WITHOUT retraction (plain diffrax in R^d); a
     method on the sphere by construction reports the drift of its own sweep."""
@@ -241,7 +252,7 @@ def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
     for count in counts:
         y = fixed_step_solve(diffrax.ODETerm(field), spec.unretracted(), y0, problem.t1, count)
         points.append({"num_steps": count, "step_size": problem.t1 / count,
-                       "norm_drift": float(sphere.norm_drift(y))})
+                       "norm_drift": float(_norm_drift(y))})
     return {"solver": spec.name, "retracted": False, "points": points}
 
 

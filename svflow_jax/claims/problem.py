@@ -63,15 +63,22 @@ def transformer_config(ctx: Context, **changes) -> TransformerConfig:
     return TransformerConfig(**{**base, **changes})
 
 
+def _to_device(value, dtype) -> Array:
+    """A NumPy value as a JAX array of ``dtype``, cast in NumPy and copied to the device (in
+    ``jax 0.10`` ``jnp.asarray`` of a NumPy array compiles a program per shape and dtype)."""
+    return jax.device_put(np.asarray(value, dtype))
+
+
 def random_params(config: TransformerConfig, seed: int) -> dict[str, Array]:
     """Every weight ``N(0, init_std^2)`` (NumPy ``default_rng(seed)``), Norm gains 1."""
     shapes = layer_params(Transformer.abstract(config))
     rng = np.random.default_rng(seed)
-    params = {name: jnp.asarray(config.init_std * rng.standard_normal(a.shape), a.dtype)
+    params = {name: config.init_std * rng.standard_normal(a.shape)
               for name, a in sorted(shapes.items())}
-    if config.norm_gain:
-        params = correspondence.with_gains(config, params, 1.0)
-    return params
+    if config.norm_gain:  # in NumPy: a JAX operation per array would compile a program each
+        params.update({name: np.ones(shapes[name].shape)
+                       for name in correspondence._gain_names(config)})
+    return {name: _to_device(v, shapes[name].dtype) for name, v in params.items()}
 
 
 def checkpoint_like(config: TransformerConfig, params: Mapping[str, Array], seed: int
@@ -83,9 +90,9 @@ def checkpoint_like(config: TransformerConfig, params: Mapping[str, Array], seed
     out = dict(params)
     for name, a in sorted(params.items()):
         if name.endswith("gain"):
-            out[name] = jnp.asarray(rng.uniform(0.5, 1.5, a.shape), a.dtype)
+            out[name] = _to_device(rng.uniform(0.5, 1.5, a.shape), a.dtype)
         elif name.startswith("b"):
-            out[name] = jnp.asarray(0.5 * rng.standard_normal(a.shape), a.dtype)
+            out[name] = _to_device(0.5 * rng.standard_normal(a.shape), a.dtype)
     return out
 
 
@@ -102,7 +109,7 @@ def inputs(ctx: Context, spread: float = 0.5) -> Float[Array, "n d"]:
     u = rng.standard_normal((o.tokens, o.dim))
     u /= np.linalg.norm(u, axis=-1, keepdims=True)
     r = 1.0 + spread * rng.uniform(-1.0, 1.0, (o.tokens, 1))
-    return jnp.asarray(math.sqrt(o.dim) * r * u, o.jnp_dtype)
+    return _to_device(math.sqrt(o.dim) * r * u, o.jnp_dtype)
 
 
 class SmoothFlow(eqx.Module):
@@ -127,6 +134,11 @@ def smooth_flow(
 ) -> SmoothFlow:
     """``theta(t)`` through the ``K = config.n_layers`` layers of ``anchor_params`` on
     ``[0, t1]`` (their flow parameters by ``correspondence.to_flow``)."""
+    return _smooth_flow(config, dict(anchor_params), float(t1))
+
+
+@eqx.filter_jit
+def _smooth_flow(config, anchor_params, t1):  # one program, not one per operation
     anchors = correspondence.to_flow(config, anchor_params)
     return SmoothFlow(
         attention=AttentionField(
@@ -194,8 +206,9 @@ def test_problem(ctx: Context) -> TestProblem:
         config = transformer_config(ctx, n_layers=ANCHORS, residual_scale=1.0)
         params = random_params(config, o.seed)
         x = inputs(ctx)
-        return TestProblem(config, params, smooth_flow(config, params, o.t1), x,
-                           x / jnp.linalg.norm(x, axis=-1, keepdims=True))
+        x_host = np.asarray(x)
+        u0 = _to_device(x_host / np.linalg.norm(x_host, axis=-1, keepdims=True), x.dtype)
+        return TestProblem(config, params, smooth_flow(config, params, o.t1), x, u0)
 
     return ctx.shared("test-problem", build)
 
