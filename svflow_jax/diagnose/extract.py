@@ -34,6 +34,7 @@ from flax import nnx
 from jaxtyping import Array
 
 from ..flow import diagnostics as fd
+from ..next_token import token_scores
 from ..transformer.model import Block, TransformerLM
 
 __all__ = ["LayerSummaries", "check_supported", "window_diagnostics", "scale_attention_logits",
@@ -181,9 +182,8 @@ def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
         final = hs[-1][:, -scored:, :]
         if model.transformer.final_norm is not None:
             final = model.transformer.final_norm(final)
-        logp = jax.nn.log_softmax(model.logits(final).astype(dtype), axis=-1)
-        target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        task = (target_logp, jnp.exp(jnp.max(logp, -1)), jnp.argmax(logp, -1) == targets)
+        nll, confidence, correct = token_scores(model.logits(final), targets, dtype)
+        task = (-nll, confidence, correct)
     return per_layer, task
 
 
