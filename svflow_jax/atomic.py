@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_bytes", "write_text", "write_json", "strict_json", "append_line",
+__all__ = ["write_bytes", "write_text", "write_json", "dumps", "strict_json", "append_line",
            "read_jsonl"]
 
 
@@ -82,10 +82,23 @@ def strict_json(data: Any, _where: str = "", _found: list[str] | None = None) ->
     return data
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy/JAX scalar or array as Python numbers and lists; anything else as its text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def dumps(data: Any, *, indent: int | None = None) -> str:
+    """``data`` as strict JSON text (:func:`strict_json`); NumPy and JAX values become numbers
+    and lists, other unknown objects their ``str``."""
+    plain = json.loads(json.dumps(data, default=_plain))  # NaN survives this round trip
+    return json.dumps(strict_json(plain), indent=indent, allow_nan=False)
+
+
 def write_json(path: str | Path, data: Any, *, indent: int | None = 2) -> None:
-    """``data`` as strict JSON (:func:`strict_json`), written atomically, ending in a newline."""
-    text = json.dumps(strict_json(data), indent=indent, allow_nan=False, default=str)
-    write_text(path, text + "\n")
+    """``data`` as strict JSON (:func:`dumps`), written atomically, ending in a newline."""
+    write_text(path, dumps(data, indent=indent) + "\n")
 
 
 def append_line(path: str | Path, line: str) -> None:

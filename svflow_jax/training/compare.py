@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from svflow_jax import atomic
 from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
 from svflow_jax.environment import environment
 from svflow_jax.transformer import TransformerLM
@@ -214,5 +215,5 @@ def run_design(
         and config.model.weights != "per_layer" else [],
         "environment": environment(),
     }
-    summary_path.write_text(json.dumps(summary))
+    atomic.write_json(summary_path, summary, indent=None)
     return summary

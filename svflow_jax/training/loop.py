@@ -182,8 +182,7 @@ def _restore_rows(out: Path, upto: int) -> list[dict[str, Any]]:
 
 
 def _append_row(out: Path, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    atomic.append_line(out / "metrics.jsonl", json.dumps(atomic.strict_json(row),
-                                                         allow_nan=False))
+    atomic.append_line(out / "metrics.jsonl", atomic.dumps(row))
     write_csv(out / "metrics.csv", history)
 
 
