@@ -252,3 +252,27 @@ def test_a_diverging_run_stops_with_exit_1(tmp_path, capsys):
     rows = [json.loads(line, parse_constant=refuse)
             for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == final["diverged_at"] and rows[-1]["loss"] is None
+
+
+def test_a_run_that_crashed_before_its_first_checkpoint_can_be_rerun(tmp_path, monkeypatch):
+    """Killed before any checkpoint, a folder holds nothing to resume: a corrected rerun (here
+    another learning rate) starts afresh there instead of being refused, and its log holds only
+    its own rows."""
+    from svflow_jax import atomic
+
+    def killed(path, line):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "append_line", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(_config("euler", steps=3, eval_every=0), tmp_path / "run", progress=False)
+    monkeypatch.undo()
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        p.name.isdigit() for p in (tmp_path / "run" / "checkpoints").iterdir())
+    result = train(_config("euler", steps=3, eval_every=0, lr=5e-3), tmp_path / "run",
+                   progress=False)
+    assert result.resumed_from is None
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["lr"] == 5e-3
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
