@@ -21,7 +21,6 @@ reading of the paper's correlation, not its models.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -55,12 +54,13 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from svflow_jax.atomic import write_json  # noqa: E402
 from svflow_jax.checkpoints import LoadedModel  # noqa: E402
 from svflow_jax.diagnose import study  # noqa: E402
 from svflow_jax.environment import environment  # noqa: E402
+from svflow_jax.training import fit, lm_loss, optimizer  # noqa: E402
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM  # noqa: E402
 
 
@@ -76,33 +76,29 @@ def tiny_config() -> TransformerConfig:
 
 
 def train(ids: np.ndarray, steps: list[int], seed: int, batch: int, context: int, lr: float):
-    """AdamW (warm-up min(50, last // 4) steps, cosine decay to the last step); a copy of the
-    model at each step of ``steps``. Returns ``(config, [(step, model, last loss)])``."""
+    """AdamW without clipping (warm-up min(50, last // 4) steps, cosine decay to lr / 10 at the
+    last step) in the project's training loop, on windows at random offsets (a function of
+    ``(seed, step)``); a copy of the model at each step of ``steps``. Returns
+    ``(config, [(step, model, last loss)])``."""
     config = tiny_config()
-    model = TransformerLM(config, rngs=nnx.Rngs(seed))
-    warmup = min(50, max(steps) // 4)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps), lr / 10)
-    opt = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=0.01), wrt=nnx.Param)
+    last = max(steps)
+    tx = optimizer(lr, min(50, last // 4), last, final_lr_fraction=0.1, weight_decay=0.01,
+                   clip=None)
 
-    @nnx.jit
-    def step(model, opt, tokens):
-        def loss_fn(m):
-            logits = m(tokens[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    def data(step: int):
+        starts = np.random.default_rng([seed, step]).integers(0, len(ids) - context - 1, batch)
+        tokens = np.stack([ids[s: s + context + 1] for s in starts])
+        return tokens[:, :-1], tokens[:, 1:], np.ones((batch, context), np.float32)
 
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        opt.update(model, grads)
-        return loss
+    out = []
 
-    rng = np.random.default_rng(seed)
-    out, loss = [], float("nan")
-    for k in range(1, max(steps) + 1):
-        start = rng.integers(0, len(ids) - context - 1, size=batch)
-        tokens = jnp.asarray(np.stack([ids[s: s + context + 1] for s in start]))
-        loss = float(step(model, opt, tokens))
-        if k in steps:
-            out.append((k, nnx.clone(model), loss))
-            print(f"step {k}: training loss {loss:.3f} nats/byte", flush=True)
+    def keep(info):
+        if info.done in steps:
+            loss = float(info.loss)
+            out.append((info.done, info.model(), loss))
+            print(f"step {info.done}: training loss {loss:.3f} nats/byte", flush=True)
+
+    fit(TransformerLM(config, rngs=nnx.Rngs(seed)), lm_loss, tx, data, last, log=keep)
     return config, out
 
 
@@ -134,7 +130,7 @@ def main(argv=None) -> int:
                "environment": environment()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "population.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "population.json", summary, indent=1)
     print(f"\n{'metric':<16} {'rho(clean value, clean ppl)':<34} rho(change, log-ppl change)")
     for name, e in across["rho"].items():
         q, s = e["quality"], e["sensitivity"]

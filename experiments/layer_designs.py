@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from svflow_jax.atomic import write_json, write_text  # noqa: E402
 from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX: flags are set in main)
 
 DEFAULT = dict(
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
         before = {k: v for k, v in json.loads(saved.read_text()).items() if k not in lists}
         if before != {k: v for k, v in s.items() if k not in lists}:
             raise SystemExit(f"{out} holds an experiment with other settings; use a new --out")
-    saved.write_text(json.dumps(s, indent=2))
+    write_json(saved, s)
     start = time.perf_counter()
 
     model = DesignConfig(d_model=s["d_model"], n_heads=s["n_heads"], d_head=s["d_head"],
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
                                   **memory}
     results["seconds"] = time.perf_counter() - start
     results["environment"] = environment()
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_json(out / "results.json", results)
     write_table(out, results)
     figures(out, s, runs, interval)
     write_report(out, s, results)
@@ -375,7 +376,7 @@ def write_report(out: Path, s, results) -> None:
     for r in results["recall"]:
         lines.append(f"| {r['design']} | {r['blocks']} | {r['seeds']} | "
                      f"{_fmt(r['accuracy'])} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from svflow_jax.atomic import append_line, dumps, read_jsonl, write_json, write_text  # noqa: E402
 from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
@@ -373,7 +374,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     reg_lines = ["| measure | dense/jvar - dense/none (per seed, mean ± 95% t) | seeds |",
                  "|---|---|---|"] + [f"| {m} | {fmt(e, 4)} | {len(e['values'])} |"
                                      for m, e in reg.items()]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    write_json(out / "summary.json", summary, indent=1)
     scale = "QUICK (CI smoke scale: numbers are not evidence)" if quick else "default"
     text = [
         "# The hybrid objective and MoE stability", "",
@@ -394,7 +395,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
         "is svflow diagnose's kl_q_p read on every validation token.", "", *reg_lines, "",
         "## Figures", "", *[f"![{f}]({f})" for f in figs], "",
     ]
-    (out / "report.md").write_text("\n".join(text))
+    write_text(out / "report.md", "\n".join(text))
     return summary
 
 
@@ -410,10 +411,9 @@ def main(argv=None) -> int:
     from svflow_jax.objective.train import train_run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"settings": s, "argv": sys.argv[1:]}, indent=1))
+    write_json(out / "config.json", {"settings": s, "argv": sys.argv[1:]}, indent=1)
     log = out / "runs.jsonl"
-    done = ([json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-            if log.exists() else [])
+    done = read_jsonl(log, repair=True)  # a run cut short by a kill is dropped and redone
     start = time.perf_counter()
     if not args.report_only:
         configs = run_configs(s)
@@ -424,9 +424,8 @@ def main(argv=None) -> int:
         for cfg in todo:
             bar.set_postfix_str(cfg.name)
             result = train_run(cfg, progress=bar.update)
-            record = json.dumps({**result.to_json(), "environment": environment()}, default=float)
-            with open(log, "a") as f:
-                f.write(record + "\n")
+            record = dumps({**result.to_json(), "environment": environment()})
+            append_line(log, record)
             done.append(json.loads(record))
         bar.close()
     if not done:

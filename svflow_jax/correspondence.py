@@ -52,6 +52,7 @@ from diffrax import AbstractSolver, MultiTerm, ODETerm
 from jaxtyping import Array, Float
 
 from . import sphere
+from .bridge import readout
 from .flow import (
     AttentionField,
     AttentionParams,
@@ -130,18 +131,9 @@ class LayerFlow(eqx.Module):
 
 def check_supported(config: TransformerConfig) -> None:
     """Raises a ``ValueError`` naming every reason ``config`` is not a discretisation of an
-    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack)."""
-    problems = []
-    if config.norm != "rms":
-        problems.append(
-            f"norm={config.norm!r} (need 'rms': a LayerNorm with gain and bias maps onto an "
-            "affine ellipsoid of the centred hyperplane, not a sphere; measure the departure "
-            "with ellipsoid_residual / sphere_departure)")
-    if config.norm_position == "post" and config.norm_eps != 0:
-        problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
-                        "the Norm is not the retraction onto the sphere)")
-    if problems:
-        raise ValueError("this Transformer is not an SVFlow discretisation: " + "; ".join(problems))
+    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack): the bridge's
+    one check, :func:`svflow_jax.bridge.readout.check_supported` with ``flow=True``."""
+    readout.check_supported(config, flow=True)
 
 
 def _branch_gains(config: TransformerConfig, params: Mapping[str, Array]):

@@ -337,10 +337,11 @@ def _flow_final(flow, config, x0, solver, steps_per_layer):
 @nnx.jit
 def _scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
     """Next-token negative log-likelihood and argmax of each position, from the last states."""
+    from .next_token import next_token_nll  # the project's one next-token loss
+
     x = states if lm.transformer.final_norm is None else lm.transformer.final_norm(states)
-    logp = jax.nn.log_softmax(lm.logits(x).astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return nll, jnp.argmax(logp, axis=-1)
+    logits = lm.logits(x)
+    return next_token_nll(logits, targets), jnp.argmax(logits, axis=-1)
 
 
 def refinement(

@@ -176,3 +176,48 @@ def test_coupling_on_a_tiny_model(tiny):
     # one token: the attention posterior is the constant 1 and moves nothing.
     c2 = gradient_coupling(make("gelu"), tokens[:, :1], tokens[:, 1:2])
     assert np.all(c2.attn_norm_ratio == 0) and np.all(np.isnan(c2.ffn_cos))
+
+
+def test_macaron_blocks_are_read_by_the_objective_and_the_diagnostics(tiny):
+    """A macaron block (F(h/2) A(h) F(h/2)) is read from its own forward pass: the objective's
+    logits are the model's, and both readers' attention posteriors are those of the stream
+    entering the attention sub-step (``hidden_states(substeps=True)``, an independent path),
+    whose entropy is recomputed here with NumPy."""
+    from svflow_jax.diagnose.extract import window_diagnostics
+
+    make, tokens = tiny
+    inputs = tokens[:1, :-1]
+    model = make("moe", block="macaron")
+    logits, t = nnx.jit(forward_terms)(model, inputs)
+    np.testing.assert_allclose(logits, model(inputs), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(t.load).sum(-1), 1.0, rtol=1e-6)
+    summ = window_diagnostics(model, np.asarray(inputs), np.arange(8)[None], scored=8)
+    states = model.hidden_states(inputs, substeps=True)  # (3 L + 1, 1, n, d)
+    causal = np.tril(np.ones((8, 8), bool))
+    for layer_index in range(2):
+        layer = model.transformer.layer(layer_index)
+        q = np.asarray(layer.attn.attention_weights(layer.norm_attn(states[3 * layer_index + 1])),
+                       np.float64)[0]  # (H, n, n)
+        logq = np.log(np.where(causal, q, 1.0))
+        entropy = -np.sum(np.where(causal, q * logq, 0.0), -1).mean(-1)  # (H,)
+        np.testing.assert_allclose(summ.entropy[layer_index, 0], entropy, rtol=1e-5)
+        np.testing.assert_allclose(t.attn_entropy[layer_index], entropy.mean(), rtol=1e-5)
+
+
+def test_one_check_of_what_the_bridge_reads():
+    """The diagnostics, the objective and the correspondence ask the same function."""
+    from svflow_jax import correspondence
+    from svflow_jax.bridge import readout
+    from svflow_jax.diagnose import extract
+    from svflow_jax.objective import bridge
+
+    assert extract.check_supported is bridge.check_supported is readout.check_supported
+    config = TransformerConfig(d_model=16, n_layers=1, n_heads=2, d_head=8, d_ff=16,
+                               norm="layer", block="macaron")
+    readout.check_supported(config)  # the readout reads it
+    with pytest.raises(ValueError, match="not an SVFlow discretisation: norm='layer'"):
+        correspondence.check_supported(config)
+    with pytest.raises(ValueError, match="not an SVFlow discretisation: norm='layer'"):
+        readout.check_supported(config, flow=True)
+    with pytest.raises(ValueError, match="reads a TransformerLM or TransformerConfig"):
+        readout.check_supported("gpt2")

@@ -3,6 +3,7 @@ over several devices, a trained Euler design is still the Transformer, the tasks
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -57,7 +58,7 @@ def test_resume_is_exact(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 11))
     assert (tmp_path / "split" / "metrics.csv").read_text().startswith("step,")
     with pytest.raises(ValueError, match="another configuration"):
-        train(_config("heun", steps=11), tmp_path / "split", progress=False)
+        train(_config("heun", steps=10, lr=2e-2), tmp_path / "split", progress=False)
 
 
 def test_trained_euler_design_is_the_transformer():
@@ -156,3 +157,127 @@ def test_svflow_train_cli(tmp_path, capsys):
     assert saved["model"]["num_steps"] == 2 and saved["steps"] == 3
     assert main(argv) == 0  # resumes from the step-3 checkpoint: nothing left to train
     assert json.loads((tmp_path / "run" / "final.json").read_text())["resumed_from"] == 3
+
+
+def test_a_kill_while_logging_loses_no_metrics(tmp_path, monkeypatch):
+    """A kill in the middle of appending step 6's metrics (injected in the append helper):
+    the resumed run cuts the half line and the rows logged after the step-4 checkpoint, and
+    ends with the uninterrupted run's metrics, each line a complete record."""
+    from svflow_jax import atomic
+
+    config = _config("euler", steps=8, checkpoint_every=4, eval_every=0)
+    append = atomic.append_line
+
+    def killed_at_step_6(path, line):
+        if json.loads(line)["step"] == 6:
+            with open(path, "a") as f:
+                f.write(line[: len(line) // 2])
+            raise KeyboardInterrupt
+        append(path, line)
+
+    monkeypatch.setattr(atomic, "append_line", killed_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "run", progress=False)
+    monkeypatch.undo()
+    log = tmp_path / "run" / "metrics.jsonl"
+    assert not log.read_text().endswith("\n")  # the cut line is there
+    resumed = train(config, tmp_path / "run", progress=False)
+    assert resumed.resumed_from == 4
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    whole = train(config, progress=False)
+    assert [r["loss"] for r in rows] == [r["loss"] for r in whole.history]
+
+
+def test_resume_refuses_other_devices_or_an_edited_design(tmp_path, monkeypatch):
+    """``run.json`` records the device count and a hash of a ``module:Attr`` design's file; a
+    resume under another of either is refused (or warned about, when asked)."""
+    (tmp_path / "my_tableau.py").write_text(textwrap.dedent("""
+        import diffrax
+        import numpy as np
+        RALSTON = diffrax.ButcherTableau(c=np.array([2 / 3]), b_sol=np.array([0.25, 0.75]),
+                                         b_error=np.zeros(2), a_lower=(np.array([2 / 3]),))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = _config("my_tableau:RALSTON", steps=3, eval_every=0)
+    out = tmp_path / "run"
+    train(config, out, progress=False, stop_after=1)
+    run = json.loads((out / "run.json").read_text())
+    assert run["devices"] == 1 and run["design_source"].startswith("sha256:")
+    with open(tmp_path / "my_tableau.py", "a") as f:
+        f.write("# edited between the interruption and the resume\n")
+    with pytest.raises(ValueError, match="design_source"):
+        train(config, out, progress=False)
+    (out / "run.json").write_text(json.dumps({**run, "devices": 2}))
+    with pytest.raises(ValueError, match="devices: 2 then, 1 now"):
+        train(config, out, progress=False)
+    with pytest.warns(UserWarning, match="other conditions"):
+        result = train(config, out, progress=False, on_mismatch="warn")
+    assert result.resumed_from == 1 and [r["step"] for r in result.history] == [1, 2, 3]
+
+
+def test_more_steps_extend_a_finished_run_at_the_final_learning_rate(tmp_path):
+    """A finished 4-step run asked for 6 steps continues from its checkpoint; the schedule
+    keeps its 4-step length, so steps 5 and 6 run at lr * final_lr_fraction. An unfinished
+    run cannot be extended."""
+    config = _config("euler", steps=4, eval_every=0)
+    train(config, tmp_path / "done", progress=False)
+    longer = dataclasses.replace(config, steps=6)
+    result = train(longer, tmp_path / "done", progress=False)
+    assert result.resumed_from == 4 and result.config.schedule_steps == 4
+    assert [r["step"] for r in result.history] == [1, 2, 3, 4, 5, 6]
+    final_lr = config.lr * config.final_lr_fraction
+    np.testing.assert_allclose([r["lr"] for r in result.history[4:]], [final_lr] * 2,
+                               rtol=1e-6)
+    assert json.loads((tmp_path / "done" / "config.json").read_text())["schedule_steps"] == 4
+    train(config, tmp_path / "cut", progress=False, stop_after=2)
+    with pytest.raises(ValueError, match="unfinished run of 4 steps"):
+        train(longer, tmp_path / "cut", progress=False)
+
+
+def test_a_diverging_run_stops_with_exit_1(tmp_path, capsys):
+    """``svflow train --lr 1e30``: exit 1 at the first non-finite loss, a message on stderr,
+    and a strict ``final.json`` (no bare NaN) saying where it stopped."""
+    from svflow_jax.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--design", "euler", "--num-steps", "2", "--anchors", "2", "--duration",
+            "2", "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff", "32",
+            "--context", "16", "--steps", "20", "--batch-size", "4", "--eval-every", "0",
+            "--warmup", "0", "--lr", "1e30", "--out", str(out), "--no-progress"]
+    assert main(argv) == 1
+    assert "diverged" in capsys.readouterr().err
+
+    def refuse(name):
+        raise AssertionError(f"bare {name} in final.json")
+
+    final = json.loads((out / "final.json").read_text(), parse_constant=refuse)
+    assert 1 <= final["diverged_at"] < 20 and final["loss"] is None
+    assert final["non_finite"] == [f"loss: {final['stopped'].split()[4]}"]
+    rows = [json.loads(line, parse_constant=refuse)
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == final["diverged_at"] and rows[-1]["loss"] is None
+
+
+def test_a_run_that_crashed_before_its_first_checkpoint_can_be_rerun(tmp_path, monkeypatch):
+    """Killed before any checkpoint, a folder holds nothing to resume: a corrected rerun (here
+    another learning rate) starts afresh there instead of being refused, and its log holds only
+    its own rows."""
+    from svflow_jax import atomic
+
+    def killed(path, line):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "append_line", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(_config("euler", steps=3, eval_every=0), tmp_path / "run", progress=False)
+    monkeypatch.undo()
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        p.name.isdigit() for p in (tmp_path / "run" / "checkpoints").iterdir())
+    result = train(_config("euler", steps=3, eval_every=0, lr=5e-3), tmp_path / "run",
+                   progress=False)
+    assert result.resumed_from is None
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["lr"] == 5e-3
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]

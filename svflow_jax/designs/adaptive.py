@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..next_token import next_token_nll
 from .design import LayerDesign, evaluations
 from .model import SolverLM
 
@@ -87,8 +88,7 @@ def adaptive_evaluate(
             return sol.ys[-1], sol.stats["num_steps"], sol.result == diffrax.RESULTS.successful
 
         y, steps, ok = jax.vmap(one)(tokens)
-        logp = jax.nn.log_softmax(m.head(y).astype(jnp.float32), axis=-1)
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        nll = next_token_nll(m.head(y), targets)
         loss = jnp.sum(nll * weights, axis=-1) / jnp.sum(weights, axis=-1)
         return loss, steps, ok
 

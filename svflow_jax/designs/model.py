@@ -250,13 +250,20 @@ class SolverLM(nnx.Module):
 
     def to_transformer(self) -> TransformerLM:
         """A :class:`TransformerLM` holding this model's weights (see
-        :meth:`transformer_config`)."""
+        :meth:`transformer_config`). The flow's weights are mapped by the correspondence
+        layer (:func:`svflow_jax.correspondence.to_transformer_params`), the one place that
+        speaks both vocabularies; only the embeddings and the head are this model's own."""
+        from svflow_jax.correspondence import LayerFlow, to_transformer_params
         from svflow_jax.transformer import set_embedding_params, set_layer_params
 
+        c = self.config
         config = self.transformer_config()
+        attention, experts = self.fields()
+        flow = LayerFlow(attention=attention, experts=experts, passthrough={},
+                         step=c.duration / c.num_anchors, num_layers=c.num_anchors,
+                         radius=c.radius)
         lm = nnx.eval_shape(lambda: TransformerLM(config, rngs=nnx.Rngs(0)))
-        set_layer_params(lm.transformer, {n: getattr(self, n)[...] for n in
-                                          ("wq", "wk", "wv", "wo", "w_in", "w_out")})
+        set_layer_params(lm.transformer, to_transformer_params(flow, config))
         set_embedding_params(lm, {"embed": self.embed[...], "pos_embed": self.pos_embed[...],
                                   "unembed": self.unembed[...]})
         return lm

@@ -1,12 +1,15 @@
-"""Reading the SVFlow diagnostics off a Transformer, layer by layer (the bridge).
+"""Reading the SVFlow diagnostics off a Transformer, layer by layer.
 
-This module speaks both vocabularies: it takes the pieces a :class:`~svflow_jax.transformer.
-TransformerLM` exposes publicly (``hidden_states``, each layer's Norm and ``attn.attention_
-weights``, the layers' parameters) and hands arrays in flow words to the pure functions of
-:mod:`svflow_jax.flow.diagnostics`. Units and choices (``docs/theory.md``, section 19):
+The Transformer's internals come from the bridge's one reader
+(:func:`svflow_jax.bridge.readout.read_layers`: the model's own forward pass, each block
+recording its sub-steps); this module turns the attention sub-step of each layer into the
+arrays in flow words that the pure functions of :mod:`svflow_jax.flow.diagnostics` take. Every
+block the Transformer builds is read (a macaron block's attention sub-step comes after its
+first FFN half-step). Units and choices (``docs/theory.md``, section 19):
 
 * the point explained at layer ``t`` is the direction ``x_i = y_i / |y_i|`` of the residual
-  stream ``y`` entering the layer (``hidden_states[t]``);
+  stream ``y`` entering the layer's attention sub-step (``hidden_states[t]`` for sequential
+  and parallel blocks);
 * the attention posterior ``q_h(j | x_i)`` is the model's own softmax, recomputed in float64
   from the (float32) branch input ``z = Norm(y)`` (pre-norm) or ``z = y`` (post-norm);
 * the natural parameter of component ``(h, j)`` is the head's value-output image of the branch
@@ -17,8 +20,8 @@ weights``, the layers' parameters) and hands arrays in flow words to the pure fu
   ``|q_hi| mean_j |k_hj| / sqrt(d_k)``, the factor multiplying the cosine in the logits
   (RoPE is a rotation and preserves both norms).
 
-Everything per window is one jitted call: the model's scanned forward, then one ``nnx.scan``
-over the stacked layers that computes the layer's metrics and keeps only small per-layer
+Everything per window is one jitted call: the model's scanned forward, which computes each
+layer's metrics as it passes and keeps only small per-layer
 summaries (the ``(H, n, d)`` natural parameters of 30 layers are never stored).
 """
 
@@ -33,7 +36,15 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array
 
+from ..bridge.readout import (
+    attention_substep,
+    check_supported,
+    head_values,
+    natural_parameters,
+    read_layers,
+)
 from ..flow import diagnostics as fd
+from ..next_token import token_scores
 from ..transformer.model import Block, TransformerLM
 
 __all__ = ["LayerSummaries", "check_supported", "window_diagnostics", "scale_attention_logits",
@@ -60,21 +71,6 @@ class LayerSummaries(NamedTuple):
     correct: np.ndarray | None  # (P, s) top-1 == next token
 
 
-def check_supported(model: TransformerLM) -> None:
-    """Raises ``ValueError`` for layers this bridge does not read (macaron blocks, MoE is fine:
-    only the attention branch is read)."""
-    if model.config.block == "macaron":
-        raise ValueError("svflow diagnose reads sequential and parallel blocks; a macaron "
-                         "block's attention input is not a hidden state")
-
-
-def _branch_input(layer: Block, y: Array) -> Array:
-    cfg = layer.config
-    if cfg.norm_position == "post":
-        return y
-    return layer.norm(y) if cfg.block == "parallel" else layer.norm_attn(y)
-
-
 def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
     """``|q_hi|`` (..., H, n) and ``|k_hj|`` (..., H, n) before RoPE (which preserves them)."""
     q = jnp.einsum("...nd,dhk->...hnk", z, attn.wq[...].astype(z.dtype))
@@ -92,29 +88,12 @@ def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
     return jnp.linalg.norm(q, axis=-1), jnp.linalg.norm(k, axis=-1)
 
 
-def _values(attn, z: Array) -> Array:
-    """``z_j W_V^{g(h)} + b_V^{g(h)}`` per query head: (..., H, n, k)."""
-    v = jnp.einsum("...nd,dgk->...gnk", z, attn.wv[...].astype(z.dtype))
-    if attn.bv is not None:
-        v = v + attn.bv[...].astype(z.dtype)[:, None, :]
-    return jnp.repeat(v, attn.n_heads // attn.n_kv_heads, axis=-3)
-
-
-def natural_parameters(attn, z: Array) -> Array:
-    """``eta_hj = (z_j W_V^g + b_V^g) W_O^h + b_O / H``: (..., H, n, d), formed explicitly
-    (the reference for the factored computation in :func:`_eta_dots_and_norms`)."""
-    eta = jnp.einsum("...hnk,hkd->...hnd", _values(attn, z), attn.wo[...].astype(z.dtype))
-    if attn.bo is not None:
-        eta = eta + attn.bo[...].astype(z.dtype) / attn.n_heads
-    return eta
-
-
 def _eta_dots_and_norms(attn, z: Array, x: Array) -> tuple[Array, Array]:
     """``eta_hj . x_i`` (..., H, s, n) and ``|eta_hj|`` (..., H, n) without forming ``eta``:
     ``eta_hj . x_i = v_hj . (x_i W_O^h^T) + x_i . b_O / H`` and
     ``|eta_hj|^2 = v_hj W_O^h W_O^h^T v_hj^T + 2 v_hj W_O^h b_O / H + |b_O|^2 / H^2``
     (``O(H n k^2)`` instead of ``O(H n k d)``)."""
-    v = _values(attn, z)  # (..., H, n, k)
+    v = head_values(attn, z)  # (..., H, n, k)
     wo = attn.wo[...].astype(z.dtype)  # (H, k, d)
     dots = jnp.einsum("...hnk,...hsk->...hsn", v, jnp.einsum("...sd,hkd->...hsk", x, wo))
     gram = jnp.einsum("hkd,hld->hkl", wo, wo)
@@ -126,14 +105,15 @@ def _eta_dots_and_norms(attn, z: Array, x: Array) -> tuple[Array, Array]:
     return dots, jnp.sqrt(jnp.maximum(sq, 0.0))
 
 
-def _layer_metrics(layer: Block, y: Array, inverse: Array, scored: int, dtype) -> dict:
-    """Metrics of one layer for ``P`` sequences ``y (P, n, d)``; sequence 0 is the reference.
+def _layer_metrics(layer: Block, y: Array, z: Array, inverse: Array, scored: int,
+                   dtype) -> dict:
+    """Metrics of one layer for ``P`` sequences; sequence 0 is the reference. ``y (P, n, d)``:
+    the stream entering the attention sub-step, ``z``: the attention branch input.
 
     The large contractions run in the model's dtype (float32 for a checkpoint); everything
     from the vMF normalisers, the posteriors and the divergences on is in ``dtype``."""
     n, d = y.shape[-2], y.shape[-1]
     causal = layer.config.causal
-    z = _branch_input(layer, y)
     attn = layer.attn
     probs = attn.attention_weights(z)[..., n - scored:, :].astype(dtype)  # (P, H, s, n)
     rows = jnp.arange(n - scored, n)[:, None]
@@ -169,21 +149,18 @@ def _layer_metrics(layer: Block, y: Array, inverse: Array, scored: int, dtype) -
 
 @nnx.jit(static_argnames=("scored", "dtype"))
 def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
-    hs = model.hidden_states(tokens)  # (L + 1, P, n, d)
+    def read(layer, substeps, _):
+        sub = attention_substep(substeps)
+        return _layer_metrics(layer, sub.stream_in, sub.branch_input, inverse, scored, dtype)
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0))
-    def step(carry, layer, y):
-        return carry, _layer_metrics(layer, y, inverse, scored, dtype)
-
-    _, per_layer = step(jnp.zeros(()), model.transformer.layers, hs[:-1])
+    y, per_layer = read_layers(model, tokens, read)  # the model's forward, read per layer
     task = None
     if targets is not None:
-        final = hs[-1][:, -scored:, :]
+        final = y[:, -scored:, :]
         if model.transformer.final_norm is not None:
             final = model.transformer.final_norm(final)
-        logp = jax.nn.log_softmax(model.logits(final).astype(dtype), axis=-1)
-        target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        task = (target_logp, jnp.exp(jnp.max(logp, -1)), jnp.argmax(logp, -1) == targets)
+        nll, confidence, correct = token_scores(model.logits(final), targets, dtype)
+        task = (-nll, confidence, correct)
     return per_layer, task
 
 

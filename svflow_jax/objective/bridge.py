@@ -1,11 +1,13 @@
-"""Reading the objective's posteriors and scores off a :class:`TransformerLM` (the bridge).
+"""Reading the objective's posteriors and scores off a :class:`TransformerLM`.
 
-One forward pass, :func:`forward_terms`, reproduces the model's logits (tested equal to
-``model(tokens)``) and, layer by layer inside one ``nnx.scan``, reads in flow words:
+One forward pass, :func:`forward_terms`, is the model's own (the bridge's one reader,
+:func:`svflow_jax.bridge.readout.read_layers`; tested equal to ``model(tokens)``): each block
+runs its sub-steps and Norms itself and asks this module only to evaluate its branches, which
+it does in flow words:
 
 * attention: the posterior ``q_h(j | x_i)`` (``Attention.attention_weights`` of the branch
   input ``z``) and the natural parameters ``eta_hj = (z_j W_V + b_V) W_O^h + b_O / H``
-  (:func:`svflow_jax.diagnose.extract.natural_parameters`), whose posterior mean
+  (:func:`svflow_jax.bridge.readout.natural_parameters`), whose posterior mean
   ``sum_h sum_j q_h(j | x_i) eta_hj`` *is* the attention branch (so the branch is computed from
   them); the explained point ``x_i`` is the direction of the residual stream entering the
   sub-step (section 19 of ``docs/theory.md``);
@@ -18,7 +20,10 @@ path of each branch read the branch input through two separate zero perturbation
 ``z + delta_post`` and ``z + delta_score``: the gradient of the loss with respect to each is the
 part of ``dL/dz`` that flows through the posterior or through the scores.
 
-Supported: sequential and parallel blocks, pre- or post-norm, causal or not, no padding mask.
+Supported: every block the Transformer builds (:func:`svflow_jax.bridge.readout.check_supported`:
+sequential, parallel and macaron, pre- or post-norm, causal or not), no padding mask. A macaron
+block's two FFN half-steps share their weights and their perturbations; its FFN measures are
+the mean over the two.
 """
 
 from __future__ import annotations
@@ -27,12 +32,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from ..diagnose.extract import natural_parameters
+from ..bridge.readout import check_supported, natural_parameters, read_layers
 from ..flow import diagnostics as fd
-from ..transformer.model import Block, TransformerLM, tangent_project
+from ..transformer.model import Block, TransformerLM
 from . import terms
 
 __all__ = ["LayerTerms", "check_supported", "forward_terms", "zero_deltas", "DELTA_NAMES"]
@@ -52,12 +56,6 @@ class LayerTerms(NamedTuple):
     population_kl: Float[Array, " L"] | None  # KL(qbar || uniform)
     switch: Float[Array, " L"] | None  # E sum_e f_e P_e
     load: Float[Array, "L E"] | None  # f_e, fraction of top-k slots
-
-
-def check_supported(model: TransformerLM) -> None:
-    """``ValueError`` for what the bridge does not read (macaron blocks)."""
-    if model.config.block == "macaron":
-        raise ValueError("the objective bridge reads sequential and parallel blocks, not macaron")
 
 
 def zero_deltas(model: TransformerLM, shape: tuple[int, ...], dtype=jnp.float32) -> dict:
@@ -105,33 +103,6 @@ def _ffn_branch(layer: Block, y, z, dp, ds):
     return u, stats
 
 
-def _layer(layer: Block, y, deltas, context):
-    cfg = layer.config
-    post = cfg.norm_position == "post"
-    h = cfg.residual_scale
-
-    def project(z, u):
-        return tangent_project(z, u) if cfg.project_branches else u
-
-    if cfg.block == "parallel":
-        z = y if post else layer.norm(y)
-        ua, sa = _attn_branch(layer, y, z, deltas["attn_post"], deltas["attn_score"], context)
-        uf, sf = _ffn_branch(layer, y, z, deltas["ffn_post"], deltas["ffn_score"])
-        y = y + h * (project(z, ua) + project(z, uf))
-        return (layer.norm(y) if post else y), {**sa, **sf}
-    z = y if post else layer.norm_attn(y)
-    ua, sa = _attn_branch(layer, y, z, deltas["attn_post"], deltas["attn_score"], context)
-    y = y + h * project(z, ua)
-    if post:
-        y = layer.norm_attn(y)
-    z = y if post else layer.norm_ffn(y)
-    uf, sf = _ffn_branch(layer, y, z, deltas["ffn_post"], deltas["ffn_score"])
-    y = y + h * project(z, uf)
-    if post:
-        y = layer.norm_ffn(y)
-    return y, {**sa, **sf}
-
-
 def forward_terms(
     model: TransformerLM, tokens: Int[Array, "B n"], deltas: dict | None = None
 ) -> tuple[Float[Array, "B n V"], LayerTerms]:
@@ -139,34 +110,36 @@ def forward_terms(
 
     ``deltas``: :func:`zero_deltas` ``(L, B, n, d)`` perturbations of each branch's posterior
     and score inputs (default zeros; differentiate with respect to them for the coupling)."""
-    check_supported(model)
     cfg = model.config
     n = tokens.shape[-1]
     if deltas is None:
         deltas = zero_deltas(model, tokens.shape)
     context = jnp.tril(jnp.ones((n, n), bool)) if cfg.causal else jnp.ones((n, n), bool)
-    x = model.embeddings(tokens)
-    dtype = cfg.dtype or jnp.result_type(x.dtype, cfg.param_dtype)
-    x = jnp.asarray(x, dtype)
+    found: list[dict] = []  # the branches' statistics of the layer being read
+
+    def branch(d, layer: Block, name: str, z, y):
+        if name == "attn":
+            u, stats = _attn_branch(layer, y, z, d["attn_post"], d["attn_score"], context)
+        else:
+            u, stats = _ffn_branch(layer, y, z, d["ffn_post"], d["ffn_score"])
+        found.append(stats)
+        return u
+
+    def read(layer, substeps, d):
+        stats: dict[str, list] = {}
+        for one in found:  # a macaron block's two FFN half-steps: their mean
+            for key, value in one.items():
+                stats.setdefault(key, []).append(value)
+        found.clear()
+        return {key: sum(v) / len(v) for key, v in stats.items()}
+
+    y, per_layer = read_layers(model, tokens, read, deltas, branch=branch)
     stack = model.transformer
-    if stack.input_norm is not None:
-        x = stack.input_norm(x)
-
-    # A plain lax.scan over the stacked layer state (merged per step): composes with jax.grad
-    # and jax.jit of a split model without nnx's trace bookkeeping.
-    graphdef, state = nnx.split(stack.layers)
-
-    def step(y, xs):
-        layer_state, d = xs
-        return _layer(nnx.merge(graphdef, layer_state), y, d, context)
-
-    y, per_layer = jax.lax.scan(step, x, (state, deltas))
     if stack.final_norm is not None:
         y = stack.final_norm(y)
     logits = model.logits(y)
-    moe = cfg.ffn == "moe"
     fields = {name: (per_layer[name] if name in per_layer else None)
               for name in LayerTerms._fields}
-    if not moe:
+    if cfg.ffn != "moe":
         assert fields["moe_j_var"] is None
     return logits, LayerTerms(**fields)

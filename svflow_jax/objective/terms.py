@@ -34,6 +34,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .. import vmf
 from ..flow import diagnostics as fd
+from ..next_token import next_token_nll, weighted_mean
 
 __all__ = [
     "class_logits",
@@ -65,12 +66,9 @@ def j_align(
     targets: Int[Array, "..."],
     weights: Float[Array, "..."] | None = None,
 ) -> Float[Array, ""]:
-    """``J_align = mean_i -log softmax(logits_i)[target_i]`` (weighted mean if ``weights``)."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    if weights is None:
-        return jnp.mean(nll)
-    return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1e-30)
+    """``J_align = mean_i -log softmax(logits_i)[target_i]`` (weighted mean if ``weights``), in
+    the logits' dtype (:func:`svflow_jax.next_token.next_token_nll`)."""
+    return weighted_mean(next_token_nll(logits, targets, logits.dtype), weights)
 
 
 def j_var(

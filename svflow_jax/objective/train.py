@@ -10,7 +10,8 @@ the Austen split of :class:`svflow_jax.training.tasks.AustenBytes`) on
                                   mean_{tokens, heads} KL(q || p) ("jvar"),
 
 with the optimiser of :func:`svflow_jax.training.make_optimizer` (global-norm clipping, AdamW,
-warm-up then cosine decay). Batches and initial weights are functions of the seed. Every
+warm-up then cosine decay), in the project's training loop :func:`svflow_jax.training.fit`.
+Batches and initial weights are functions of the seed. Every
 ``eval_every`` steps the validation text is read: loss (nats per byte, and bits per character),
 ECE of the top-1 prediction (:func:`svflow_jax.diagnose.stats.expected_calibration_error`, 15
 equal-mass bins), the per-layer collapse measures (:func:`usage_stats` of the expert load over
@@ -28,18 +29,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from ..diagnose.stats import expected_calibration_error
-from ..training import TrainConfig, make_optimizer
+from ..next_token import token_scores
+from ..training import StepInfo, TrainConfig, fit, make_optimizer
 from ..training.tasks import AustenBytes
 from ..transformer import TransformerConfig, TransformerLM
 from .bridge import LayerTerms, forward_terms
 from .mechanism import gradient_coupling
 from .terms import j_align, usage_stats
 
-__all__ = ["RunConfig", "RunResult", "METHODS", "model_config", "regulariser", "train_run"]
+__all__ = ["RunConfig", "RunResult", "METHODS", "model_config", "regulariser", "HybridLoss",
+           "train_run"]
 
 METHODS = ("none", "switch", "popkl", "jvar")
 
@@ -126,26 +128,25 @@ def regulariser(method: str, t: LayerTerms) -> jax.Array:
     return jnp.mean(jnp.concatenate(parts))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _step(graphdef, tx, method, coef, params, opt_state, inputs, targets):
-    def loss_fn(params):
-        logits, t = forward_terms(nnx.merge(graphdef, params), inputs)
-        ce = j_align(logits.astype(jnp.float32), targets)
-        reg = regulariser(method, t)
-        return ce + coef * reg, (ce, reg)
+@dataclasses.dataclass(frozen=True)
+class HybridLoss:
+    """The training loss ``J_align + coef * R`` (module docstring); ``aux = (J_align, R)``.
+    Frozen, hence hashable: runs with equal settings share one compiled step."""
 
-    (_, (ce, reg)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, ce, reg
+    method: str
+    coef: float
+
+    def __call__(self, model: TransformerLM, inputs, targets, weights=None):
+        logits, t = forward_terms(model, inputs)
+        ce = j_align(logits.astype(jnp.float32), targets)
+        reg = regulariser(self.method, t)
+        return ce + self.coef * reg, (ce, reg)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _eval_batch(graphdef, params, inputs, targets):
     logits, t = forward_terms(nnx.merge(graphdef, params), inputs)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    conf = jnp.exp(jnp.max(logp, axis=-1))
-    correct = jnp.argmax(logp, axis=-1) == targets
+    nll, conf, correct = token_scores(logits, targets)
     return nll, conf, correct, t
 
 
@@ -195,30 +196,32 @@ def evaluate_run(model: TransformerLM, task: AustenBytes, run: RunConfig) -> dic
 
 
 def train_run(run: RunConfig, *, progress=None) -> RunResult:
-    """Trains one run and evaluates it every ``eval_every`` steps and at the end.
+    """Trains one run and evaluates it at step 0, every ``eval_every`` steps and at the end;
+    ``train_loss``/``train_reg`` are the means over the steps since the previous evaluation.
     ``progress``: a callable ``progress(n_steps_done)`` (e.g. a tqdm ``update``)."""
     start = time.perf_counter()
     task = AustenBytes(context=run.context)
     model = TransformerLM(model_config(run), rngs=nnx.Rngs(run.seed))
-    graphdef, params = nnx.split(model)
     tx = make_optimizer(TrainConfig(steps=run.steps, lr=run.lr, warmup=run.warmup,
                                     weight_decay=run.weight_decay, clip=run.clip))
-    opt_state = tx.init(params)
-    history = []
-    ce_acc, reg_acc, count = 0.0, 0.0, 0
-    for step in range(run.steps + 1):
-        if step % run.eval_every == 0 or step == run.steps:
-            row = {"step": step, "train_loss": ce_acc / max(count, 1),
-                   "train_reg": reg_acc / max(count, 1)}
-            row.update(evaluate_run(nnx.merge(graphdef, params), task, run))
-            history.append(row)
-            ce_acc, reg_acc, count = 0.0, 0.0, 0
-        if step == run.steps:
-            break
-        inputs, targets, _ = task.batch(run.seed, step, run.batch_size)
-        params, opt_state, ce, reg = _step(graphdef, tx, run.method, run.coef, params,
-                                           opt_state, jnp.asarray(inputs), jnp.asarray(targets))
-        ce_acc, reg_acc, count = ce_acc + float(ce), reg_acc + float(reg), count + 1
+    history = [{"step": 0, "train_loss": 0.0, "train_reg": 0.0,
+                **evaluate_run(model, task, run)}]
+    acc = {"ce": 0.0, "reg": 0.0, "count": 0}
+
+    def log(info: StepInfo) -> dict[str, Any] | None:
+        ce, reg = info.aux
+        acc["ce"] += float(ce)
+        acc["reg"] += float(reg)
+        acc["count"] += 1
         if progress is not None:
             progress(1)
+        if info.done % run.eval_every and info.done != run.steps:
+            return None
+        row = {"train_loss": acc["ce"] / acc["count"], "train_reg": acc["reg"] / acc["count"]}
+        acc.update(ce=0.0, reg=0.0, count=0)
+        return {**row, **evaluate_run(info.model(), task, run)}
+
+    result = fit(model, HybridLoss(run.method, run.coef), tx,
+                 lambda step: task.batch(run.seed, step, run.batch_size), run.steps, log=log)
+    history += result.history
     return RunResult(run, history, history[-1], time.perf_counter() - start)

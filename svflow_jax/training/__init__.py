@@ -2,8 +2,10 @@
 
 * :mod:`.tasks`: byte-level Jane Austen (bits per character, a held-out novel) and multi-hop
   associative recall (accuracy); batches are functions of ``(seed, step)``.
-* :mod:`.trainer`: :func:`train` (AdamW + warm-up/cosine + clipping, jitted step, data-parallel
-  sharding, orbax checkpoints with exact resume, JSONL/CSV metrics, progress bar) and
+* :mod:`.loop`: the project's one training loop :func:`fit` (a model, a loss, a data stream,
+  an optax optimiser; jitted step, data-parallel sharding, orbax checkpoints with exact resume,
+  append-only metrics, a stop at the first non-finite loss) and :func:`optimizer`.
+* :mod:`.trainer`: :func:`train` (a layer design on a task, through :func:`fit`) and
   :func:`evaluate`.
 * :mod:`.cli`: the ``svflow train`` subcommand.
 """
@@ -12,15 +14,31 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names are, for readers and the API docs
+    from .loop import FitResult, StepInfo, TrainingDiverged, fit, optimizer
     from .tasks import AustenBytes, MultiHopRecall, get_task
-    from .trainer import TrainConfig, TrainResult, evaluate, loss_and_count, make_optimizer, train
+    from .trainer import (
+        TrainConfig,
+        TrainResult,
+        evaluate,
+        lm_loss,
+        loss_and_count,
+        make_optimizer,
+        train,
+    )
 
+_MODULES = {
+    ".tasks": ["AustenBytes", "MultiHopRecall", "get_task"],
+    ".trainer": ["TrainConfig", "TrainResult", "train", "evaluate", "loss_and_count",
+                 "make_optimizer", "lm_loss"],
+    ".loop": ["fit", "optimizer", "FitResult", "StepInfo", "TrainingDiverged"],
+}
 __all__ = ["AustenBytes", "MultiHopRecall", "get_task", "TrainConfig", "TrainResult", "train",
-           "evaluate", "loss_and_count", "make_optimizer"]
+           "evaluate", "loss_and_count", "make_optimizer", "lm_loss", "fit", "optimizer",
+           "FitResult", "StepInfo", "TrainingDiverged"]
 
 # Loaded on first use (PEP 562), so that other subcommands do not import optax and orbax just
 # to list ``svflow train``'s options.
-_WHERE = {name: ".tasks" if i < 3 else ".trainer" for i, name in enumerate(__all__)}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:

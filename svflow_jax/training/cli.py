@@ -2,14 +2,17 @@
 
 ``svflow_jax/cli.py`` calls :func:`add_train_parser` on its subparsers. Options are checked
 before anything is compiled; bad options exit with code 2 (argparse's error). A run writes
-``config.json``, ``metrics.jsonl``, ``metrics.csv``, orbax checkpoints and ``final.json`` to
-``--out``; running the same command again resumes from the latest checkpoint.
+``config.json``, ``run.json``, ``metrics.jsonl``, ``metrics.csv``, orbax checkpoints and
+``final.json`` to ``--out``; running the same command again resumes from the latest checkpoint
+(with more ``--steps``, a finished run is extended at its final learning rate). A run whose loss
+becomes non-finite stops there with exit code 1 (``final.json`` says where).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -62,6 +65,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=_nonnegative_int,
                    help="checkpoint period in steps (default 0: only at the end)")
     p.add_argument("--out", help="output folder (default results/train-<design>-<time>)")
+    p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
+                   help="resuming on another device count or an edited --design module: "
+                   "refuse (default) or warn and continue")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list-designs", action="store_true", help="list the designs and exit")
     p.set_defaults(run=run_train)
@@ -106,16 +112,26 @@ def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(err))
     out = Path(args.out or Path("results") / f"train-{config.model.design}-"
                f"{time.strftime('%Y%m%d-%H%M%S')}")
+    from ..atomic import dumps, write_json
     from ..environment import environment
+    from .loop import TrainingDiverged
     from .trainer import train
 
     try:
-        result = train(config, out, progress=not args.no_progress)
+        result = train(config, out, progress=not args.no_progress,
+                       on_mismatch=args.on_mismatch)
     except ValueError as err:  # e.g. batch not divisible by the devices, another config in out
         parser.error(str(err))
+    except TrainingDiverged as err:
+        summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
+                   "diverged_at": err.step, "loss": err.loss, "stopped": str(err),
+                   "environment": environment()}
+        write_json(out / "final.json", summary)
+        print(f"svflow train: error: {err}", file=sys.stderr)
+        return 1
     summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
                "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
                "environment": environment()}
-    (out / "final.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
+    write_json(out / "final.json", summary)
+    print(dumps(summary))
     return 0

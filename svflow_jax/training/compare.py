@@ -28,15 +28,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
+from svflow_jax import atomic
 from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
 from svflow_jax.environment import environment
 from svflow_jax.transformer import TransformerLM
 
+from .loop import train_step
 from .tasks import get_task
-from .trainer import TrainConfig, evaluate, make_optimizer, train
+from .trainer import TrainConfig, evaluate, lm_loss, make_optimizer, train
 
 __all__ = [
     "equal_compute_steps",
@@ -136,24 +137,17 @@ def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 
     vocab = model.config.vocab_size
     tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0, vocab)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    graphdef, params = nnx.split(model, nnx.Param)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(TrainConfig(steps=100))
     opt_state = tx.init(params)
+    batch = (inputs, targets, jnp.ones(targets.shape, jnp.float32))
 
-    def loss_fn(params):
-        logits = nnx.merge(graphdef, params)(inputs).astype(jnp.float32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+    def step():  # the trainer's own step (svflow_jax.training.loop.train_step)
+        return train_step(graphdef, lm_loss, tx, params, rest, opt_state, batch)
 
-    @jax.jit
-    def step(params, opt_state):
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    forward = jax.jit(lambda params: nnx.merge(graphdef, params)(inputs))
+    forward = jax.jit(lambda params: nnx.merge(graphdef, params, rest)(inputs))
     n = batch_size * context
-    return {"train_tokens_per_s": n / _time(lambda: step(params, opt_state), repeats),
+    return {"train_tokens_per_s": n / _time(step, repeats),
             "inference_tokens_per_s": n / _time(lambda: forward(params), repeats)}
 
 
@@ -221,5 +215,5 @@ def run_design(
         and config.model.weights != "per_layer" else [],
         "environment": environment(),
     }
-    summary_path.write_text(json.dumps(summary))
+    atomic.write_json(summary_path, summary, indent=None)
     return summary

@@ -1,35 +1,34 @@
-"""Training a :class:`~svflow_jax.designs.SolverLM` with optax: one jitted step, exact resume.
+"""Training a :class:`~svflow_jax.designs.SolverLM` on a task: :func:`train` and :func:`evaluate`.
 
-Optimiser: ``clip_by_global_norm(clip)`` then AdamW (decoupled weight decay) with a linear
-warm-up to ``lr`` over ``warmup`` steps and a cosine decay to ``lr * final_lr_fraction`` at
-``steps`` (``optax.warmup_cosine_decay_schedule``). Float32 throughout; the initial weights and
-every batch are functions of the seed (and the step), so a run is reproducible.
+:func:`train` builds the design's language model from a :class:`TrainConfig`, the task's batch
+stream and :func:`make_optimizer`, and runs the project's training loop
+(:func:`svflow_jax.training.loop.fit`: one jitted step, data-parallel sharding, orbax
+checkpoints with exact resume, append-only metrics). Float32 throughout; the initial weights
+and every batch are functions of the seed (and the step), so a run is reproducible, and a
+resumed run is the uninterrupted one (bit for bit on the same devices: tested).
 
-Data parallelism: the batch is sharded over all devices along a ``"data"`` mesh axis
-(``jax.sharding.NamedSharding``), the parameters and optimiser state are replicated, and
-``jax.jit`` inserts the gradient all-reduce. The same code runs on one CPU, several forced CPU
-host devices (``XLA_FLAGS=--xla_force_host_platform_device_count=4``), several GPUs, or several
-hosts (call ``jax.distributed.initialize()`` first; every process then feeds its share of the
-global batch, see :func:`train`). ``batch_size`` must be divisible by the device count.
+The loss is the mean next-token negative log-likelihood over the scored positions
+(:func:`svflow_jax.next_token.next_token_nll`). Every ``log_every`` steps a row (loss, gradient
+norm, learning rate, tokens, seconds) is logged; every ``eval_every`` steps and at the end the
+validation loss and the task's metric join it.
 
-Checkpoints: ``orbax.checkpoint.CheckpointManager`` in ``out/checkpoints`` every
-``checkpoint_every`` steps (and at the end), holding the parameters, the optimiser state, the
-step and the elapsed wall-clock time. A run started with an ``out`` folder that holds a
-checkpoint resumes from the latest one; the metric files are cut back to that step, and since
-batch ``i`` depends only on ``(seed, i)`` the resumed loss curve is the uninterrupted one
-(bit-for-bit on the same devices: tested).
-
-Metrics: ``out/metrics.jsonl`` (one JSON object per logged step) and ``out/metrics.csv``;
-``out/config.json`` holds the configuration.
+Files in ``out``: ``config.json`` (the :class:`TrainConfig`), ``run.json`` (the device count
+and a hash of the design's source), ``metrics.jsonl`` / ``metrics.csv`` and ``checkpoints/``.
+A run started on a folder that holds a checkpoint resumes from it; another configuration is
+refused, except more ``steps`` for a finished run, which extends it (see ``schedule_steps``).
+A design named ``package.module:Attr`` is hashed by its module file, so a module edited between
+an interruption and the resume is noticed (refused, or warned about with
+``on_mismatch="warn"``); so is a resume on another number of devices.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import importlib.util
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from svflow_jax.designs import DesignConfig, SolverLM
-from svflow_jax.tables import write_csv
+from svflow_jax import atomic
+from svflow_jax.designs import DesignConfig, LayerDesign, SolverLM
+from svflow_jax.next_token import next_token_nll, weighted_mean
 
+from .loop import StepInfo, fit, optimizer, schedule
 from .tasks import get_task
 
-__all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count"]
+__all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count",
+           "lm_loss", "design_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ class TrainConfig:
         eval_sequences: validation sequences.
         log_every: training metrics every this many steps.
         checkpoint_every: orbax checkpoint every this many steps (0: only at the end).
+        schedule_steps: length of the warm-up + cosine schedule (``None``: ``steps``). A
+            finished run extended to more ``steps`` keeps its schedule's length: the extra
+            steps run at the final learning rate ``lr * final_lr_fraction``.
     """
 
     model: DesignConfig = DesignConfig()
@@ -82,6 +85,7 @@ class TrainConfig:
     eval_sequences: int = 64
     log_every: int = 10
     checkpoint_every: int = 0
+    schedule_steps: int | None = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_sequences", "log_every"):
@@ -98,6 +102,10 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be a positive number, got {value!r}")
         if not 0 <= self.weight_decay < 1 or not 0 <= self.final_lr_fraction <= 1:
             raise ValueError("weight_decay must be in [0, 1) and final_lr_fraction in [0, 1]")
+        if self.schedule_steps is not None and (
+                not isinstance(self.schedule_steps, int) or self.schedule_steps < 1):
+            raise ValueError(f"TrainConfig.schedule_steps must be None or a positive int, got "
+                             f"{self.schedule_steps!r}")
         get_task(self.task)
 
     def resolved(self) -> TrainConfig:
@@ -128,70 +136,39 @@ class TrainResult:
     seconds: float
 
 
-def _optimizer_key(config: TrainConfig) -> tuple:
-    """The hyper-parameters that fix the optimiser (hashable: a static jit argument)."""
-    return (config.lr, config.warmup, config.steps, config.final_lr_fraction,
-            config.weight_decay, config.clip)
-
-
-def _schedule(lr, warmup, steps, final_lr_fraction):
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=lr, warmup_steps=warmup,
-        decay_steps=max(steps, warmup + 1), end_value=lr * final_lr_fraction)
-
-
-def _optimizer(lr, warmup, steps, final_lr_fraction, weight_decay, clip):
-    return optax.chain(optax.clip_by_global_norm(clip),
-                       optax.adamw(_schedule(lr, warmup, steps, final_lr_fraction),
-                                   weight_decay=weight_decay))
+def _schedule_args(config: TrainConfig) -> tuple:
+    return (config.lr, config.warmup, config.schedule_steps or config.steps,
+            config.final_lr_fraction)
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """``clip_by_global_norm`` then AdamW with warm-up + cosine decay (module docstring)."""
-    return _optimizer(*_optimizer_key(config))
+    """``clip_by_global_norm`` then AdamW with warm-up + cosine decay
+    (:func:`svflow_jax.training.loop.optimizer`)."""
+    return optimizer(*_schedule_args(config), config.weight_decay, config.clip)
 
 
-def make_optimizer_lr(config: TrainConfig):
+def make_optimizer_lr(config: TrainConfig) -> optax.Schedule:
     """The learning-rate schedule of :func:`make_optimizer` (for logging)."""
-    return _schedule(config.lr, config.warmup, config.steps, config.final_lr_fraction)
+    return schedule(*_schedule_args(config))
 
 
 def loss_and_count(model: SolverLM, inputs, targets, weights, num_steps=None):
     """``(sum of weighted nats, sum of weights, number of correct argmax predictions)``."""
-    logits = model(inputs, num_steps=num_steps).astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    logits = model(inputs, num_steps=num_steps)
+    nll = next_token_nll(logits, targets)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     return jnp.sum(nll * weights), jnp.sum(weights), jnp.sum(correct * weights)
 
 
-def _mesh(devices=None) -> Mesh:
-    """The devices (default: all) on one ``"data"`` axis (automatic sharding propagation)."""
-    return Mesh(np.array(jax.devices() if devices is None else list(devices)), ("data",))
-
-
-def _put_batch(batch, mesh):
-    sharding = NamedSharding(mesh, P("data"))
-    return tuple(jax.device_put(jnp.asarray(a), sharding) for a in batch)
+def lm_loss(model: nnx.Module, inputs, targets, weights) -> tuple[jax.Array, None]:
+    """The training loss of a language model: the weighted mean next-token NLL (nats)."""
+    return weighted_mean(next_token_nll(model(inputs), targets), weights), None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
 def _eval_sums(graphdef, state, inputs, targets, weights, num_steps):
     """One program per (model structure, depth): shared by every run and seed."""
     return loss_and_count(nnx.merge(graphdef, state), inputs, targets, weights, num_steps)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _train_step(graphdef, optimizer_key, params, opt_state, inputs, targets, weights):
-    """One AdamW step; one program per (model structure, optimiser), shared by every seed."""
-
-    def loss_fn(params):
-        total, count, _ = loss_and_count(nnx.merge(graphdef, params), inputs, targets, weights)
-        return total / count
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = _optimizer(*optimizer_key).update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
 
 def evaluate(model: SolverLM, task, num_sequences: int, batch_size: int = 32,
@@ -209,110 +186,118 @@ def evaluate(model: SolverLM, task, num_sequences: int, batch_size: int = 32,
     return out
 
 
-def _write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
-    with open(out / "metrics.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    write_csv(out / "metrics.csv", rows)
+def design_source(design: str | LayerDesign) -> str:
+    """What a design is built from, as a string that changes when it does: ``sha256:`` of the
+    module file of a ``package.module:Attr`` design, or of the Butcher tableau's coefficients
+    of a :class:`LayerDesign` object built from one; a registered design is the package's own
+    (its version is recorded with every output): ``"registered:<name>"``."""
+    if isinstance(design, LayerDesign):
+        solver = design.solver
+        while hasattr(solver, "solver"):  # the wrappers (retraction) around the method
+            solver = solver.solver
+        tableau = getattr(solver, "tableau", None)
+        if tableau is None:
+            return f"object:{design!r}"
+        arrays = [tableau.c, tableau.b_sol, tableau.b_error, *tableau.a_lower]
+        digest = hashlib.sha256(b"".join(np.asarray(a, np.float64).tobytes() + b"|"
+                                         for a in arrays))
+        return "sha256:" + digest.hexdigest()
+    if ":" not in design:
+        return f"registered:{design}"
+    spec = importlib.util.find_spec(design.split(":", 1)[0])
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return f"unhashable:{design}"
+    return "sha256:" + hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
 
 
-def _read_rows(out: Path, upto: int) -> list[dict[str, Any]]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["step"] <= upto]
+def _comparable(config: TrainConfig) -> TrainConfig:
+    return dataclasses.replace(config, steps=1, schedule_steps=None)
+
+
+def _settle_config(out: Path, config: TrainConfig, latest: int | None) -> TrainConfig:
+    """The configuration to run in ``out``: ``config``, checked against a saved run's
+    (module docstring). A folder without a checkpoint holds nothing to resume."""
+    path = out / "config.json"
+    if latest is None or not path.exists():
+        return config
+    saved = TrainConfig.from_json(json.loads(path.read_text()))
+    if _jsonable(_comparable(saved).to_json()) != _jsonable(_comparable(config).to_json()):
+        raise ValueError(f"{out} holds a run with another configuration ({path}); use a new "
+                         "folder")
+    if config.schedule_steps is None:  # the schedule is the saved run's
+        config = dataclasses.replace(config, schedule_steps=saved.schedule_steps)
+        if config.steps != saved.steps and saved.schedule_steps is None:
+            config = dataclasses.replace(config, schedule_steps=saved.steps)
+    if config.steps != saved.steps and latest < saved.steps:
+        raise ValueError(f"{out} holds an unfinished run of {saved.steps} steps (checkpoint at "
+                         f"step {latest}); resume it with its own --steps {saved.steps}, and "
+                         "extend it once it has finished")
+    if config.steps < latest:
+        raise ValueError(f"{out} holds a run trained for {latest} steps: more than the "
+                         f"{config.steps} asked for")
+    return config
 
 
 def train(
     config: TrainConfig, out: str | Path | None = None, *, progress: bool = True,
-    stop_after: int | None = None, devices=None,
+    stop_after: int | None = None, devices=None, on_mismatch: str = "refuse",
 ) -> TrainResult:
     """Trains ``config`` (module docstring). ``out``: folder for config, metrics and
     checkpoints (resumes from its latest checkpoint); ``None``: nothing written, no resume.
     ``stop_after``: stop (after checkpointing) at this step, as if interrupted. ``devices``:
-    the devices to shard the batch over (default: all of ``jax.devices()``)."""
+    the devices to shard the batch over (default: all of ``jax.devices()``).
+    ``on_mismatch``: ``"warn"`` resumes on another device count or an edited design module
+    (default: refused with ``ValueError``).
+
+    Raises:
+        svflow_jax.training.loop.TrainingDiverged: at the first non-finite loss.
+    """
     import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
 
     config = config.resolved()
     task = get_task(config.task, config.model.context)
-    mesh = _mesh(devices)
-    if config.batch_size % mesh.size:
+    n_devices = len(jax.devices() if devices is None else list(devices))
+    if config.batch_size % n_devices:
         raise ValueError(f"batch_size={config.batch_size} must be divisible by the "
-                         f"{mesh.size} devices (data parallelism)")
-
-    model = SolverLM(config.model, rngs=nnx.Rngs(config.seed))
-    graphdef, params = nnx.split(model, nnx.Param)
-    tx = make_optimizer(config)
-    replicated = NamedSharding(mesh, P())
-    params = jax.device_put(params, replicated)
-    opt_state = jax.device_put(tx.init(params), replicated)
-    start, elapsed, history, resumed_from = 0, 0.0, [], None
-
-    manager = None
+                         f"{n_devices} devices (data parallelism)")
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        saved = out / "config.json"
-        if saved.exists() and json.loads(saved.read_text()) != _jsonable(config.to_json()):
-            raise ValueError(f"{out} holds a run with another configuration ({saved}); use a "
-                             "new folder")
-        saved.write_text(json.dumps(_jsonable(config.to_json()), indent=2))
-        manager = ocp.CheckpointManager(
-            (out / "checkpoints").resolve(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-        latest = manager.latest_step()
-        if latest is not None:
-            target = {"params": params, "opt_state": opt_state,
-                      "elapsed": jnp.zeros((), jnp.float64 if jax.config.x64_enabled
-                                           else jnp.float32)}
-            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-            restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-            params, opt_state = restored["params"], restored["opt_state"]
-            elapsed, start, resumed_from = float(restored["elapsed"]), latest, latest
-            history = _read_rows(out, latest)
+        with ocp.CheckpointManager((out / "checkpoints").resolve()) as manager:
+            latest = manager.latest_step()
+        config = _settle_config(out, config, latest)
+        atomic.write_json(out / "config.json", _jsonable(config.to_json()))
 
-    key = _optimizer_key(config)
+    lr = make_optimizer_lr(config)
+    tokens_per_step = config.batch_size * task.context
 
-    schedule_lr = make_optimizer_lr(config)
-    end = config.steps if stop_after is None else min(stop_after, config.steps)
-    bar = tqdm(range(start, end), desc=f"train {config.model.design}", disable=not progress,
-               initial=start, total=config.steps)
-    t_start = time.perf_counter() - elapsed
-    for step in bar:
-        batch = _put_batch(task.batch(config.seed, step, config.batch_size), mesh)
-        params, opt_state, loss, gnorm = _train_step(graphdef, key, params, opt_state, *batch)
-        done = step + 1
+    def log(info: StepInfo) -> dict[str, Any] | None:
+        done = info.done
         validate = config.eval_every > 0 and (done % config.eval_every == 0
                                               or done == config.steps)
-        if done % config.log_every == 0 or validate or done == config.steps:
-            row = {"step": done, "loss": float(loss), "grad_norm": float(gnorm),
-                   "lr": float(schedule_lr(step)), "tokens": done * config.batch_size *
-                   task.context, "seconds": time.perf_counter() - t_start}
-            if validate:
-                metrics = evaluate(nnx.merge(graphdef, params), task, config.eval_sequences)
-                row.update({f"val_{k}": v for k, v in metrics.items()})
-                row["seconds"] = time.perf_counter() - t_start
-            history.append(row)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
-            if out is not None:
-                _write_rows(out, history)
-        checkpoint_now = manager is not None and (
-            done == end or (config.checkpoint_every and done % config.checkpoint_every == 0))
-        if checkpoint_now:
-            manager.save(done, args=ocp.args.StandardSave({
-                "params": params, "opt_state": opt_state,
-                "elapsed": jnp.asarray(time.perf_counter() - t_start)}))
-    bar.close()
-    if manager is not None:
-        manager.wait_until_finished()
-        manager.close()
-    model = nnx.merge(graphdef, params)
+        if not (done % config.log_every == 0 or validate or done == config.steps):
+            return None
+        row = {"loss": float(info.loss), "grad_norm": float(info.grad_norm),
+               "lr": float(lr(done - 1)), "tokens": done * tokens_per_step,
+               "seconds": info.seconds()}
+        if validate:
+            metrics = evaluate(info.model(), task, config.eval_sequences)
+            row.update({f"val_{k}": v for k, v in metrics.items()})
+            row["seconds"] = info.seconds()
+        return row
+
+    result = fit(
+        SolverLM(config.model, rngs=nnx.Rngs(config.seed)), lm_loss, make_optimizer(config),
+        lambda step: task.batch(config.seed, step, config.batch_size), config.steps, log=log,
+        out=out, checkpoint_every=config.checkpoint_every, stop_after=stop_after,
+        devices=devices, fingerprint={"design_source": design_source(config.model.design)},
+        on_mismatch=on_mismatch, progress=progress,
+        description=f"train {config.model.design}")
+    history = result.history
     final = next((r for r in reversed(history) if any(k.startswith("val_") for k in r)), {})
-    return TrainResult(model=model, config=config, history=history,
+    return TrainResult(model=result.model, config=config, history=history,
                        final={k: v for k, v in final.items() if k.startswith("val_")},
-                       resumed_from=resumed_from, seconds=time.perf_counter() - t_start)
+                       resumed_from=result.resumed_from, seconds=result.seconds)
 
 
 def _jsonable(data):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ __all__ = [
     "FFN",
     "MoE",
     "Block",
+    "SubStep",
     "Transformer",
     "TransformerLM",
     "tangent_project",
@@ -333,6 +335,19 @@ class MoE(nnx.Module):
 # --------------------------------------------------------------------------------------------
 
 
+class SubStep(NamedTuple):
+    """One residual update of a :class:`Block`, as recorded by ``Block.states(record=...)``:
+    ``stream_in -> stream_out = [Norm](stream_in + step * sum(branch_outputs))`` with the
+    branches ``names`` evaluated at ``branch_input`` (tangent-projected if the config says)."""
+
+    names: tuple[str, ...]
+    step: float
+    stream_in: Array
+    branch_input: Array
+    branch_outputs: tuple[Array, ...]
+    stream_out: Array
+
+
 class Block(nnx.Module):
     """One Transformer layer: attention ``attn``, FFN/MoE ``ffn`` and its Norms.
 
@@ -378,18 +393,38 @@ class Block(nnx.Module):
         x: Float[Array, "... n d"],
         mask: Array | None = None,
         positions: Array | None = None,
+        *,
+        record: Callable[[SubStep], None] | None = None,
+        branch: Callable[[Block, str, Array, Array], Array] | None = None,
     ) -> list[Float[Array, "... n d"]]:
-        """The residual stream after each sub-step (the last one is the layer output)."""
+        """The residual stream after each sub-step (the last one is the layer output).
+
+        The recording hook (in the manner of Flax's ``sow``): ``record`` is called with a
+        :class:`SubStep` for each residual update, holding the stream that enters it, the
+        branch input ``z``, the branch names and their outputs, so a reader sees the forward
+        pass's own intermediates. ``branch(block, name, z, x)``, if given, evaluates a branch at
+        input ``z`` of the stream ``x`` in place of the block's own (before the tangent
+        projection; e.g. to read a branch through perturbed inputs); the sub-step structure,
+        Norms and steps stay the block's."""
         post = self.config.norm_position == "post"
         out = []
         for norm, names, step in self._substeps():
             z = x if post else norm(x)
-            u = self.branch(names[0], z, mask, positions)
-            for name in names[1:]:
-                u = u + self.branch(name, z, mask, positions)
-            x = x + step * u
+            if branch is None:
+                raw = [self.attn(z, mask, positions) if name == "attn" else self.ffn(z)
+                       for name in names]
+            else:
+                raw = [branch(self, name, z, x) for name in names]
+            if self.config.project_branches:
+                raw = [tangent_project(z, u) for u in raw]
+            u = raw[0]
+            for v in raw[1:]:
+                u = u + v
+            x_in, x = x, x + step * u
             if post:
                 x = norm(x)
+            if record is not None:
+                record(SubStep(names, step, x_in, z, tuple(raw), x))
             out.append(x)
         return out
 

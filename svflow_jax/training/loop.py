@@ -1,0 +1,301 @@
+"""The training loop: a model, a loss, a data stream and an optax optimiser; sharded, resumable.
+
+:func:`fit` is the project's one training loop (the layer designs, the objective study and the
+population experiment all call it) and :func:`train_step` its one optimiser update:
+
+    (loss, aux), g = value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(g, opt_state, params)
+    params = optax.apply_updates(params, updates)
+
+``loss_fn(model, *batch) -> (loss, aux)`` is any function of an NNX model and a batch (a
+hashable callable: it is a static argument of the compiled step, so a module-level function or
+a frozen dataclass lets runs share one program). The data stream ``data(step)`` returns the
+batch of optimiser step ``step`` (a tuple of arrays, batch axis first); since it is a function
+of the step, a resumed run sees the batches an uninterrupted one would.
+
+:func:`optimizer` is global-norm clipping then AdamW (decoupled weight decay) with a linear
+warm-up to ``lr`` and a cosine decay to ``lr * final_lr_fraction`` at ``steps``; past ``steps``
+the learning rate stays at that final value.
+
+Data parallelism: the batch is sharded over the devices along a ``"data"`` mesh axis
+(``jax.sharding.NamedSharding``), parameters and optimiser state are replicated, and
+``jax.jit`` inserts the gradient all-reduce. The same code runs on one CPU, forced CPU host
+devices, several GPUs or several hosts.
+
+With an ``out`` folder, :func:`fit` keeps
+
+* ``out/checkpoints``: orbax checkpoints of the parameters, the optimiser state and the elapsed
+  time, every ``checkpoint_every`` steps and at the end; a later call resumes from the latest.
+* ``out/metrics.jsonl``: the logged rows, APPENDED one line per row (a kill can only cut the
+  last line short); at resume a cut last line is removed and rows past the restored step are
+  dropped, so the file is the uninterrupted run's. ``out/metrics.csv``: the same rows,
+  rewritten atomically.
+* ``out/run.json``: the device count and the caller's ``fingerprint`` (e.g. a hash of the
+  source the model was built from). A resume on other devices or another source is refused
+  (``ValueError``), or only warned about with ``on_mismatch="warn"``: the numbers then differ
+  from the uninterrupted run's.
+
+A non-finite loss stops the loop at once (:class:`TrainingDiverged`); no checkpoint is written
+after it, so the latest checkpoint holds finite weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from svflow_jax import atomic
+from svflow_jax.tables import write_csv
+
+__all__ = ["optimizer", "schedule", "train_step", "fit", "FitResult", "StepInfo",
+           "TrainingDiverged"]
+
+
+def schedule(lr: float, warmup: int, steps: int, final_lr_fraction: float) -> optax.Schedule:
+    """Linear warm-up from 0 to ``lr`` over ``warmup`` steps, cosine decay to
+    ``lr * final_lr_fraction`` at ``steps``, constant after."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=lr, warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1), end_value=lr * final_lr_fraction)
+
+
+@functools.cache
+def optimizer(lr: float, warmup: int, steps: int, final_lr_fraction: float = 0.1,
+              weight_decay: float = 0.01, clip: float | None = 1.0,
+              ) -> optax.GradientTransformation:
+    """``clip_by_global_norm(clip)`` (none if ``clip`` is ``None``) then AdamW on
+    :func:`schedule`. Cached: equal settings give the same object, hence one compiled step."""
+    adamw = optax.adamw(schedule(lr, warmup, steps, final_lr_fraction),
+                        weight_decay=weight_decay)
+    return adamw if clip is None else optax.chain(optax.clip_by_global_norm(clip), adamw)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def train_step(graphdef, loss_fn, tx, params, rest, opt_state, batch):
+    """One optimiser step (module docstring): ``(params, opt_state, loss, aux, |grad|)``.
+    ``rest``: the model's variables that are not trained (held fixed)."""
+
+    def objective(params):
+        return loss_fn(nnx.merge(graphdef, params, rest), *batch)
+
+    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux, optax.tree.norm(grads)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became non-finite; ``step`` is the optimiser step that produced it."""
+
+    def __init__(self, step: int, loss: float):
+        self.step, self.loss = step, loss
+        super().__init__(f"the training loss is {loss} at step {step}: the run diverged "
+                         "(a smaller --lr or a shorter --duration may help); stopped there, "
+                         "the latest checkpoint is from before it")
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """What the ``log`` callback of :func:`fit` sees after optimiser step ``done``: the loss,
+    the loss function's ``aux`` and the gradient norm (device arrays), and :meth:`model`."""
+
+    done: int
+    loss: jax.Array
+    aux: Any
+    grad_norm: jax.Array
+    started: float
+    _merge: Callable[[], nnx.Module]
+
+    def model(self) -> nnx.Module:
+        """The model with the weights after this step."""
+        return self._merge()
+
+    def seconds(self) -> float:
+        """Wall-clock seconds of the run so far (counting the time before a resume)."""
+        return time.perf_counter() - self.started
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What :func:`fit` returns: the trained model, the logged rows (from the start, also
+    when resumed), the step it resumed from and the wall-clock seconds (counting the time
+    before an interruption)."""
+
+    model: nnx.Module
+    history: list[dict[str, Any]]
+    resumed_from: int | None
+    seconds: float
+
+
+def _mesh(devices=None) -> Mesh:
+    return Mesh(np.array(jax.devices() if devices is None else list(devices)), ("data",))
+
+
+def _put_batch(batch, mesh: Mesh):
+    sharding = NamedSharding(mesh, P("data"))
+    return tuple(jax.device_put(jnp.asarray(a), sharding) for a in batch)
+
+
+def _check_run(out: Path, info: dict[str, Any], resuming: bool, on_mismatch: str) -> None:
+    """Compares ``info`` with ``out/run.json`` at a resume; records it otherwise."""
+    path = out / "run.json"
+    if resuming and path.exists():
+        saved = json.loads(path.read_text())
+        changed = [f"{k}: {saved.get(k)!r} then, {v!r} now" for k, v in info.items()
+                   if saved.get(k) != v]
+        if changed:
+            message = (f"{out} holds a run made under other conditions ({'; '.join(changed)});"
+                       " resumed, it would not continue the same numbers")
+            if on_mismatch != "warn":
+                raise ValueError(message + ". Use a new folder, or allow it explicitly")
+            warnings.warn(message, stacklevel=3)
+    atomic.write_json(path, info)
+
+
+def _restore_rows(out: Path, upto: int) -> list[dict[str, Any]]:
+    """The rows of ``out/metrics.jsonl`` up to step ``upto``: a cut last line is removed,
+    rows past ``upto`` (logged after the checkpoint) are dropped from the file."""
+    path = out / "metrics.jsonl"
+    rows = atomic.read_jsonl(path, repair=True)
+    steps = [r.get("step") for r in rows]
+    if any(not isinstance(s, int) for s in steps) or steps != sorted(set(steps)):
+        raise ValueError(f"{path}: the rows' steps are not increasing whole numbers; the log "
+                         "does not belong to this run's checkpoints")
+    kept = [r for r in rows if r["step"] <= upto]
+    if len(kept) < len(rows):
+        atomic.write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
+    return kept
+
+
+def _append_row(out: Path, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    atomic.append_line(out / "metrics.jsonl", atomic.dumps(row))
+    write_csv(out / "metrics.csv", history)
+
+
+def fit(
+    model: nnx.Module,
+    loss_fn: Callable[..., tuple[jax.Array, Any]],
+    tx: optax.GradientTransformation,
+    data: Callable[[int], tuple],
+    steps: int,
+    *,
+    log: Callable[[StepInfo], dict[str, Any] | None] | None = None,
+    out: str | Path | None = None,
+    checkpoint_every: int = 0,
+    stop_after: int | None = None,
+    devices=None,
+    fingerprint: Mapping[str, Any] | None = None,
+    on_mismatch: str = "refuse",
+    progress: bool = False,
+    description: str = "train",
+) -> FitResult:
+    """Trains ``model`` for ``steps`` optimiser steps (module docstring).
+
+    Args:
+        model: an NNX module; its ``nnx.Param`` variables are trained, the rest held fixed.
+        loss_fn: ``loss_fn(model, *batch) -> (scalar loss, aux)``, hashable.
+        tx: the optax optimiser (e.g. :func:`optimizer`).
+        data: ``data(step)``: the batch of step ``step`` (batch axis divisible by the devices).
+        steps: the last step.
+        log: called after every step; a returned dictionary is a row of the history (and of
+            ``out/metrics.jsonl``), to which ``"step"`` is added.
+        out: folder for checkpoints, metrics and ``run.json``; ``None``: nothing written.
+        checkpoint_every: checkpoint period (0: only at the end or at ``stop_after``).
+        stop_after: stop (after checkpointing) at this step, as if interrupted.
+        devices: the devices to shard the batch over (default: all).
+        fingerprint: recorded in ``out/run.json`` beside the device count, compared at resume.
+        on_mismatch: ``"refuse"`` (``ValueError``) or ``"warn"`` when ``run.json`` differs.
+        progress, description: a tqdm progress bar and its label.
+
+    Raises:
+        TrainingDiverged: at the first non-finite loss.
+    """
+    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
+
+    if on_mismatch not in ("refuse", "warn"):
+        raise ValueError(f"on_mismatch must be 'refuse' or 'warn', got {on_mismatch!r}")
+    mesh = _mesh(devices)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    replicated = NamedSharding(mesh, P())
+    params, rest = jax.device_put(params, replicated), jax.device_put(rest, replicated)
+    opt_state = jax.device_put(tx.init(params), replicated)
+    start, elapsed, history, resumed_from = 0, 0.0, [], None
+
+    manager = None
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        manager = ocp.CheckpointManager(
+            (out / "checkpoints").resolve(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+        latest = manager.latest_step()
+        _check_run(out, {"devices": mesh.size, **(fingerprint or {})}, latest is not None,
+                   on_mismatch)
+        if latest is not None:
+            target = {"params": params, "opt_state": opt_state,
+                      "elapsed": jnp.zeros((), jnp.float64 if jax.config.x64_enabled
+                                           else jnp.float32)}
+            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+            restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+            params, opt_state = restored["params"], restored["opt_state"]
+            elapsed, start, resumed_from = float(restored["elapsed"]), latest, latest
+        history = _restore_rows(out, start)
+
+    end = steps if stop_after is None else min(stop_after, steps)
+    bar = tqdm(range(start, end), desc=description, disable=not progress, initial=start,
+               total=steps)
+    t_start = time.perf_counter() - elapsed
+    try:
+        for step in bar:
+            batch = data(step)
+            if len(batch[0]) % mesh.size:
+                raise ValueError(f"a batch of {len(batch[0])} must be divisible by the "
+                                 f"{mesh.size} devices (data parallelism)")
+            params, opt_state, loss, aux, gnorm = train_step(
+                graphdef, loss_fn, tx, params, rest, opt_state, _put_batch(batch, mesh))
+            done = step + 1
+            value = float(loss)
+            if not math.isfinite(value):
+                if out is not None:
+                    row = {"step": done, "loss": value,
+                           "stopped": "non-finite loss: the run diverged"}
+                    history.append(atomic.strict_json(row))
+                    _append_row(out, row, history)
+                raise TrainingDiverged(done, value)
+            if log is not None:
+                info = StepInfo(done, loss, aux, gnorm, t_start,
+                                functools.partial(nnx.merge, graphdef, params, rest))
+                row = log(info)
+                if row is not None:
+                    row = {"step": done, **row}
+                    history.append(row)
+                    bar.set_postfix(loss=f"{value:.3f}")
+                    if out is not None:
+                        _append_row(out, row, history)
+            if manager is not None and (done == end or (
+                    checkpoint_every and done % checkpoint_every == 0)):
+                manager.save(done, args=ocp.args.StandardSave({
+                    "params": params, "opt_state": opt_state,
+                    "elapsed": jnp.asarray(time.perf_counter() - t_start)}))
+    finally:
+        bar.close()
+        if manager is not None:
+            manager.wait_until_finished()
+            manager.close()
+    return FitResult(nnx.merge(graphdef, params, rest), history, resumed_from,
+                     time.perf_counter() - t_start)
