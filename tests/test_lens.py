@@ -108,7 +108,7 @@ def test_logit_lens_ends_at_the_model_and_reads_every_sub_step():
     logp = jax.nn.log_softmax(logits)
     want = -float(jnp.take_along_axis(logp, targets[:, None], -1).mean())
     assert float(lens.loss[-1]) == pytest.approx(want, rel=1e-12)
-    assert lens.labels[0] == "embedding" and lens.labels[-1] == f"after layer {L - 1} ffn"
+    assert lens.labels[0] == "embedding" and lens.labels[-1] == f"after layer {L} ffn"
 
 
 def test_post_norm_is_refused():

@@ -51,11 +51,11 @@ def _check_pre_norm(model: TransformerLM) -> None:
 
 
 def component_names(model: TransformerLM) -> tuple[str, ...]:
-    """``"embedding"``, then ``"layer l <branch>"`` for every branch of every sub-step (macaron:
-    ``ffn1``, ``attn``, ``ffn2``)."""
+    """``"embedding"``, then ``"layer l <branch>"`` (layers counted from 1, as in ``svflow
+    inspect``) for every branch of every sub-step (macaron: ``ffn1``, ``attn``, ``ffn2``)."""
     per_layer = {"parallel": ["attn", "ffn"], "sequential": ["attn", "ffn"],
                  "macaron": ["ffn1", "attn", "ffn2"]}[model.config.block]
-    return ("embedding",) + tuple(f"layer {i} {b}" for i in range(model.config.n_layers)
+    return ("embedding",) + tuple(f"layer {i + 1} {b}" for i in range(model.config.n_layers)
                                   for b in per_layer)
 
 
