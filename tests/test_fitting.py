@@ -51,3 +51,17 @@ def test_interval_is_the_t_interval_of_the_least_squares_slope(k):
     assert fit.points == k
     np.testing.assert_allclose([fit.slope, fit.low, fit.high],
                                [ref.slope, ref.slope - half, ref.slope + half], rtol=1e-10)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 12, 40])
+def test_interval_over_seeds_is_scipys_t_interval(n):
+    """``training.compare.interval`` (the intervals over seeds of the experiments) against
+    ``scipy.stats.t.interval``, at 95% and at a Bonferroni-adjusted level; NaNs dropped."""
+    from svflow_jax.training.compare import interval
+
+    v = np.random.default_rng(n).normal(size=n)
+    for level in (0.95, 1 - 0.05 / 8):
+        mean, half = interval(np.append(v, np.nan), level)
+        lo, hi = scipy.stats.t.interval(level, n - 1, loc=v.mean(), scale=scipy.stats.sem(v))
+        assert mean == pytest.approx(v.mean(), abs=1e-15)
+        assert half == pytest.approx((hi - lo) / 2, rel=1e-10)

@@ -33,6 +33,7 @@ from flax import nnx
 from svflow_jax import atomic
 from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
 from svflow_jax.environment import environment
+from svflow_jax.fitting import t_quantile
 from svflow_jax.transformer import TransformerLM
 
 from .loop import train_step
@@ -50,21 +51,17 @@ __all__ = [
     "interval",
 ]
 
-# Two-sided 95% Student-t quantiles t_{0.975, n-1}.
-_T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306,
-        10: 2.262}
-
-
-def interval(values) -> tuple[float, float]:
-    """``(mean, half-width)`` of the 95% Student-t interval of the mean (half-width NaN for a
-    single value)."""
+def interval(values, level: float = 0.95) -> tuple[float, float]:
+    """``(mean, half-width)`` of the two-sided ``level`` Student-t interval of the mean of the
+    finite values, ``t_{(1 + level) / 2, n - 1} s / sqrt(n)`` (half-width NaN for a single
+    value)."""
     v = np.asarray(values, float)
     v = v[np.isfinite(v)]
     if len(v) == 0:
         return math.nan, math.nan
     if len(v) == 1:
         return float(v[0]), math.nan
-    t = _T95.get(len(v), 1.96)
+    t = t_quantile((1 + level) / 2, len(v) - 1)
     return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(len(v)))
 
 
