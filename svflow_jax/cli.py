@@ -291,15 +291,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser(
         "sweep", help="a step-size sweep of chosen solvers (resumable)",
-        description="Step-size sweep on the random smooth SVFlow. A solver is a registered "
-        "name (see svflow_jax.solvers.registry) or an import path package.module:Attr naming "
-        "a SolverSpec, a solver class or a factory. One JSON per solver in --out, so an "
+        description="Step-size sweep on the random smooth SVFlow. A solver is a name of the "
+        "solver catalogue (svflow_jax.solvers.catalogue) or an import path package.module:Attr "
+        "naming a Method, a ButcherTableau, a solver class or a factory (the current folder is "
+        "searched first). One JSON per solver in --out, so an "
         "interrupted sweep resumes. Exit code 1 when an order misses its expectation or "
         "cannot be fitted.",
     )
     _add_common(sweep)
+    from .solvers import catalogue
+
     sweep.add_argument("--solvers", "--solver", nargs="+", default=["euler", "heun", "rk4"],
-                       help="registered names or package.module:Class (default: euler heun rk4)")
+                       help="methods of the solver catalogue ("
+                       f"{', '.join(catalogue.names(splitting=False))}) or package.module:Attr "
+                       "(default: euler heun rk4)")
     sweep.add_argument("--steps", type=positive_int, nargs=2, metavar=("FIRST", "LAST"),
                        help="first and last number of steps (default: per solver)")
     sweep.set_defaults(run=_sweep)
@@ -323,8 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="tokens per window (default 128)")
     inspect.add_argument("--substeps", type=int_at_least(2),
                          nargs="+", help="Euler sub-steps per layer (default 2 4 8)")
-    inspect.add_argument("--schemes", nargs="*", choices=("heun", "rk4"),
-                         help="higher-order schemes per layer (default heun rk4)")
+    from .inspection import scheme_names
+
+    inspect.add_argument("--schemes", nargs="*", choices=scheme_names(),
+                         help="higher-order methods of the solver catalogue per layer (default "
+                         "heun rk4)")
     inspect.add_argument("--exactness-tokens", type=positive_int,
                          help="tokens of the float64/float32 exactness check (default 64)")
     inspect.add_argument("--quick", action="store_true",

@@ -85,7 +85,7 @@ def readme_example() -> str:
 
 
 USER_SOLVER = readme_example() + """
-WRONG = SolverSpec("ralston-claimed-3", RALSTON.make, expected_order=3, evaluations_per_step=2)
+WRONG = Method("ralston-claimed-3", RALSTON.solver, order=3)
 """
 
 

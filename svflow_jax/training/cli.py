@@ -23,11 +23,14 @@ _positive_int, _nonnegative_int, _positive_float = positive_int, nonnegative_int
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Adds the ``train`` subcommand to an ``argparse`` subparsers object."""
+    from ..solvers import catalogue
+
     p = subparsers.add_parser(
         "train", help="train a solver as a Transformer layer design (optax, resumable)",
         description="Builds a causal language model whose stack is a solver (a layer design: "
-        "euler, heun, midpoint, rk4, geodesic-euler, crouch-grossman3, lie-trotter, strang, "
-        "or package.module:Attr naming a LayerDesign, a solver or a diffrax.ButcherTableau) "
+        f"a method of the solver catalogue, {', '.join(catalogue.names())}, or "
+        "package.module:Attr naming a Method, a solver or a diffrax.ButcherTableau, the "
+        "current folder searched first) "
         "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
         "sharded over all devices. Writes config.json, metrics.jsonl/.csv, checkpoints and "
         "final.json to --out; the same command resumes an interrupted run. Exit code 2 on bad "
@@ -92,11 +95,11 @@ def config_from_args(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The handler: validate (exit 2 on bad options), train, write ``final.json``."""
-    from svflow_jax.designs import DESIGNS
+    from ..solvers import catalogue
 
     if args.list_designs:
-        for name, design in DESIGNS.items():
-            print(f"{name:18s} {design.description}")
+        for method in catalogue.methods():
+            print(f"{method.name:18s} {method.description}")
         return 0
     if args.config is not None and not Path(args.config).is_file():
         parser.error(f"--config: no such file {args.config}")
