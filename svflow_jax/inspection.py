@@ -56,6 +56,7 @@ __all__ = [
     "depth_smoothness",
     "refinement",
     "inspect_model",
+    "progress_steps",
     "layer_groups",
 ]
 
@@ -423,12 +424,24 @@ def refinement(
 # ============================================================================================
 
 
+def progress_steps(loaded: LoadedModel, options: InspectOptions) -> int:
+    """How many times :func:`inspect_model` calls ``progress``: once per measurement, and in
+    the refinement study once per integration of the flow (the model itself, each Euler
+    sub-step count, each scheme) when the model has a language-model head."""
+    if not loaded.config.lm_head:
+        return 4
+    return 4 + 1 + len(options.substeps) + len(options.schemes)
+
+
 def inspect_model(
     loaded: LoadedModel, text: str, options: InspectOptions | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, total: Callable[[int], None] | None = None,
 ) -> list[ClaimResult]:
-    """Every measurement of this module on ``text``, in report order."""
+    """Every measurement of this module on ``text``, in report order; ``progress(name)`` after
+    each step, ``total(n)`` first with the number of steps (:func:`progress_steps`)."""
     options = options or InspectOptions()
+    if total:
+        total(progress_steps(loaded, options))
     windows = token_windows(loaded.tokenizer, text, options.windows, options.window)
     tokens = np.concatenate(windows[:, :-1])[: options.exactness_tokens]
     results = []

@@ -67,13 +67,12 @@ def test_version(capsys):
 
 def test_quick_sets_defaults_but_explicit_options_win():
     parser = cli.build_parser()
-    sub = parser._subparsers._group_actions[0].choices["verify"]
-    quick = cli._options(parser.parse_args(["verify", "--quick"]), sub, quick=True)
+    quick = cli.flow_options(parser.parse_args(["verify", "--quick"]), quick=True)
     assert (quick.tokens, quick.dim, quick.layers, quick.repeats) == (4, 8, 4, 1)
-    mixed = cli._options(parser.parse_args(["verify", "--quick", "--dim", "12"]), sub,
-                         quick=True)
+    mixed = cli.flow_options(parser.parse_args(["verify", "--quick", "--dim", "12"]),
+                             quick=True)
     assert mixed.dim == 12 and mixed.tokens == 4
-    plain = cli._options(parser.parse_args(["verify"]), sub)
+    plain = cli.flow_options(parser.parse_args(["verify"]))
     assert (plain.tokens, plain.dim) == (8, 16)
 
 

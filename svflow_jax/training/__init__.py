@@ -5,7 +5,7 @@
 * :mod:`.trainer`: :func:`train` (AdamW + warm-up/cosine + clipping, jitted step, data-parallel
   sharding, orbax checkpoints with exact resume, JSONL/CSV metrics, progress bar) and
   :func:`evaluate`.
-* :mod:`.cli`: the ``svflow train`` subcommand.
+* the ``svflow train`` subcommand is :mod:`svflow_jax.cli.train`.
 """
 
 import importlib
