@@ -200,3 +200,35 @@ def test_model_is_the_first_argument_of_inspect_and_diagnose(capsys, tmp_path):
     refused(["diagnose", "no-such-model", "--out", str(tmp_path / "o")],
             "MODEL 'no-such-model'", capsys)
     refused(["diagnose", "a", "--model", "b"], "MODEL 'a' and --model 'b' differ", capsys)
+
+
+def test_reports_open_with_their_conclusion():
+    """verify: passed or which claims failed, unresolved orders, a quick run's sizes; inspect:
+    an exact solver of its flow, close to or far from its solution (the largest loss change
+    under refinement against 0.05 nats), a quick run's sample."""
+    from svflow_jax import inspection_report, report
+
+    claims = [{"name": "a", "passed": True}, {"name": "order/x", "passed": None},
+              {"name": "b", "passed": False}]
+    config = {"dtype": "float32", "quick": True, "tokens": 4, "dim": 8, "layers": 4}
+    text = report.conclusion({"claims": claims, "config": config})
+    assert text.startswith("**FAILED**: 1 of 3 claims do not hold (b).")
+    assert "1 orders are unresolved: in float32" in text and "A quick run (n = 4" in text
+    assert report.conclusion({"claims": claims[:1], "config": {**config, "quick": False}}) \
+        .startswith("**PASSED**: all 1 claims hold")
+
+    def inspected(loss_change: float, final_change: float) -> dict:
+        rows = [{"scheme": "euler x1", "loss": 3.0, "loss_change": 0.0,
+                 "final_change_median": 1e-7},
+                {"scheme": "rk4 x1", "loss": 3.0 + loss_change, "loss_change": loss_change,
+                 "final_change_median": final_change}]
+        return {"results": [
+            {"name": "exactness", "passed": True, "figures": {"relative_float64": 3e-15}},
+            {"name": "refinement", "passed": None, "figures": {"loss_model": 3.0},
+             "rows": rows}], "quick": False, "options": {}}
+
+    far = inspection_report.conclusion(inspected(0.4, 0.3))
+    assert far.startswith("The model is exactly a forward-Euler solver of its own flow (PASS")
+    assert "Its depth is far from the solution of that flow" in far and "+0.4 nats (rk4 x1)" in far
+    close = inspection_report.conclusion(inspected(-0.01, 0.02))
+    assert "Its depth is close to the solution" in close and "quick" not in close

@@ -238,26 +238,27 @@ def test_a_factory_that_exits_is_an_error(tmp_path, monkeypatch):
 
 
 def test_a_registered_method_is_known_to_every_command(capsys):
-    """Registered once, a method is a choice of verify (its order claim), sweep, train
-    (--list-designs and its help) and inspect (--schemes)."""
+    """Registered once, a method is an order claim of verify, a design of train (and listed by
+    --list-designs), a scheme of inspect and a solver of sweep."""
     from svflow_jax import cli
     from svflow_jax.claims import select
+    from svflow_jax.designs import DesignConfig
 
     method = register(catalogue.from_tableau(diffrax.Ralston.tableau, "test-ralston",
                                              description="Ralston, retracted"))
     try:
         assert "order/test-ralston" in [c.name for c in select(["order/"])]
         assert cli.main(["train", "--list-designs"]) == 0
-        assert "test-ralston" in capsys.readouterr().out
-        parser = cli.build_parser()
-        sub = parser._subparsers._group_actions[0].choices
-        schemes = next(a for a in sub["inspect"]._actions if a.dest == "schemes")
-        assert "test-ralston" in schemes.choices
-        for command in ("sweep", "train"):
-            assert "test-ralston" in " ".join(sub[command].format_help().split()), command
-        assert catalogue.get("test-ralston") is method
+        assert ("test-ralston       order 2, parallel block, post- and pre-norm: Ralston, "
+                "retracted") in capsys.readouterr().out
+        assert DesignConfig(design="test-ralston", norm_position="pre").layer_design is method
+        assert "test-ralston" in inspection.scheme_names()
+        assert inspection.InspectOptions(schemes=("test-ralston",)).schemes == ("test-ralston",)
+        assert get_solver("test-ralston") is method  # what sweep resolves
     finally:
         CATALOGUE.pop("test-ralston", None)
+    with pytest.raises(ValueError, match="unknown schemes"):
+        inspection.InspectOptions(schemes=("test-ralston",))
 
 
 def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):

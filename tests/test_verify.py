@@ -146,6 +146,11 @@ def test_verify_quick_end_to_end(tmp_path):
         assert (out / name).exists(), name
     report = (out / "report.md").read_text()
     assert "PASS" in report and f"svflow-jax {svflow_jax.__version__}" in report
+    # the conclusion first, with the quick run's caveat; no absolute path of this machine
+    assert report.splitlines()[2].startswith(f"**PASSED**: all {len(summary['claims'])} claims")
+    assert "A quick run (n = 4 tokens, d = 8, 4 layers)" in report.splitlines()[2]
+    for name in ("report.md", "summary.json"):
+        assert str(tmp_path) not in (out / name).read_text(), name
 
 
 def test_project_flags_for_quick_runs_unless_the_user_set_their_own(monkeypatch):

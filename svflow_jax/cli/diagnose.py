@@ -132,6 +132,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary = result.summary
     summary["text"]["path"] = ("svflow_jax/data/emma_opening.txt" if not config.text
                                else display_path(config.text))
+    summary["model"]["name"] = display_path(config.model)
     summary["run"] = {"quick": args.quick, "out": display_path(out)}
     write_all(out, summary)
     _save_data(out / "data.npz", result.data)

@@ -16,8 +16,6 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from ..inspection import scheme_names
-
     p = subcommand(
         subparsers, "inspect", help="how close is a real pretrained model to the solution of "
         "its ODE?",
@@ -35,9 +33,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--window", type=int_at_least(2), help="tokens per window (default 128)")
     p.add_argument("--substeps", type=int_at_least(2), nargs="+",
                    help="Euler sub-steps per layer (default 2 4 8)")
-    p.add_argument("--schemes", nargs="*", choices=scheme_names(),
-                   help="higher-order methods of the solver catalogue per layer (default "
-                   "heun rk4)")
+    p.add_argument("--schemes", nargs="*", metavar="METHOD",
+                   help="higher-order methods of the solver catalogue per layer, any with a "
+                   "step in R^d (svflow train --list-designs lists them; default heun rk4)")
     p.add_argument("--exactness-tokens", type=positive_int,
                    help="tokens of the float64/float32 exactness check (default 64)")
     p.add_argument("--quick", action="store_true",

@@ -16,8 +16,6 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from ..solvers import catalogue
-
     p = subcommand(
         subparsers, "sweep", help="a step-size sweep of chosen solvers (resumable)",
         description="Step-size sweep on the random smooth SVFlow. A solver is a name of the "
@@ -28,9 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flow_options(p)
     add_run_options(p, "sweep")
     p.add_argument("--solvers", "--solver", nargs="+", default=["euler", "heun", "rk4"],
-                   help="methods of the solver catalogue ("
-                   f"{', '.join(catalogue.names(splitting=False))}) or package.module:Attr "
-                   "(default: euler heun rk4)")
+                   help="methods of the solver catalogue (svflow train --list-designs lists "
+                   "them; the splittings take two fields and are verify's) or "
+                   "package.module:Attr (default: euler heun rk4)")
     p.add_argument("--steps", type=positive_int, nargs=2, metavar=("FIRST", "LAST"),
                    help=f"first and last number of steps, at most {runtime.MAX_STEPS} "
                    "(default: per solver)")

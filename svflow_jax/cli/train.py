@@ -28,12 +28,10 @@ MAX_WIDTH = 16384
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Adds the ``train`` subcommand to an ``argparse`` subparsers object."""
-    from ..solvers import catalogue
-
     p = subcommand(
         subparsers, "train", help="train a solver as a Transformer layer design (optax, resumable)",
         description="Builds a causal language model whose stack is a solver (a layer design: "
-        f"a method of the solver catalogue, {', '.join(catalogue.names())}, or "
+        "a method of the solver catalogue, listed by --list-designs, or "
         "package.module:Attr naming a Method, a solver or a diffrax.ButcherTableau, the "
         "current folder searched first) "
         "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
@@ -124,8 +122,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..solvers import catalogue
 
     if args.list_designs:
-        for method in catalogue.methods():
-            print(f"{method.name:18s} {method.description}")
+        for m in catalogue.methods():
+            forms = "post- and pre-norm" if m.ambient is not None else "post-norm only"
+            print(f"{m.name:18s} order {m.order}, {m.block} block, {forms}: {m.description}")
         return runtime.EXIT_OK
     if args.config is not None and not Path(args.config).is_file():
         raise runtime.UsageError(f"--config: no such file {args.config}")

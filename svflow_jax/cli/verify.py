@@ -58,13 +58,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.out_folder = runtime.prepare_out(out, "verify", overwrite=args.overwrite)
     cache = runtime.setup_jax(args)
     from .. import report, verify
+    from ..reporting import display_path
 
     with runtime.progress_bar("svflow verify", "claim", args.no_progress, len(chosen)) as (tick, _):
         jobs = args.jobs or ((os.cpu_count() or 1) if args.quick else 1)
         results, compile_info = verify.run(options, chosen, progress=tick, workers=jobs)
     summary = verify.summary(results, options, compile_info,
-                             {"quick": args.quick, "only": args.only, "out": str(out),
-                              "compile_cache": cache, "jobs": jobs,
+                             {"quick": args.quick, "only": args.only, "out": display_path(out),
+                              "compile_cache": cache is not None, "jobs": jobs,
                               "xla_flags": os.environ.get("XLA_FLAGS", "")})
     report.write_all(out, summary)
     args.out_folder.finish()
