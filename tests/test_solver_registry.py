@@ -292,3 +292,24 @@ def test_sweep_refuses_a_factory_that_exits(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "SystemExit" in proc.stderr and "my_solvers:SSPRK3" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch):
+    """``svflow train --design my_designs:SSPRK3``: the same resolver as sweep, the current
+    folder first (not on sys.path before, not left on it after)."""
+    from svflow_jax import cli
+    from svflow_jax.cli.train import config_from_args
+
+    (tmp_path / "my_designs.py").write_text(
+        "import diffrax\nimport numpy as np\n\n"
+        "SSPRK3 = diffrax.ButcherTableau(c=np.array([1.0, 0.5]),\n"
+        "    b_sol=np.array([1 / 6, 1 / 6, 2 / 3]), b_error=np.zeros(3),\n"
+        "    a_lower=(np.array([1.0]), np.array([0.25, 0.25])))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_designs", raising=False)
+    assert str(tmp_path) not in sys.path and "" not in sys.path[:1]
+    args = cli.build_parser().parse_args(["train", "--design", "my_designs:SSPRK3"])
+    design = config_from_args(args).model.layer_design
+    assert (design.name, design.order, design.evaluations_per_step) == (
+        "my_designs:SSPRK3", 3, 3)
+    assert str(tmp_path) not in sys.path
