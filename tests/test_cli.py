@@ -232,3 +232,19 @@ def test_reports_open_with_their_conclusion():
     assert "Its depth is far from the solution of that flow" in far and "+0.4 nats (rk4 x1)" in far
     close = inspection_report.conclusion(inspected(-0.01, 0.02))
     assert "Its depth is close to the solution" in close and "quick" not in close
+
+
+def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
+    """A kill while a solver's JSON was written (before writes were atomic) left half a file;
+    the resume measures that solver again instead of failing on it."""
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--solvers", "euler", "--steps", "16", "256", "--num-sizes", "5",
+            "--tokens", "4", "--dim", "8", "--repeats", "1", "--no-progress",
+            "--no-compile-cache", "--out", str(out)]
+    assert exit_code(argv) == 0
+    whole = json.loads((out / "euler.json").read_text())
+    (out / "euler.json").write_text((out / "euler.json").read_text()[:100])
+    assert exit_code(argv) == 0
+    again = json.loads((out / "euler.json").read_text())
+    assert [p["error"] for p in again["points"]] == [p["error"] for p in whole["points"]]
+    assert not list(out.glob(".*.tmp"))

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from ..cli_types import positive_int
+from ..reporting import write_json
 from . import runtime
 from .common import add_flow_options, add_run_options, flow_options, subcommand
 
@@ -77,13 +78,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise runtime.UsageError(f"--out {out}: it holds a sweep with another configuration; "
                                      "choose another --out")
     args.out_folder = runtime.prepare_out(out, "sweep", overwrite=args.overwrite, resumable=True)
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    write_json(config_path, config)
     cache = runtime.setup_jax(args)
     from tqdm import tqdm
 
     from ..claims import Context, solver_sweep
     from ..environment import environment
-    from ..report import verdict
+    from ..reporting import fmt, verdict
 
     ctx = Context(options)
     rows = []
@@ -99,15 +100,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                 args.num_sizes)
         row = {"passed": evidence.passed, "tolerance": evidence.tolerance,
                **evidence.figures, "points": evidence.rows, "environment": environment()}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(row, indent=2) + "\n")
-        tmp.replace(path)
+        write_json(path, row)  # atomic: a kill leaves no half-written file to resume from
         rows.append(row)
     args.out_folder.finish()
     for r in rows:
         lo, hi = r["order_ci"]
         print(f"{r['solver']:<24} expected {r['expected_order']}  fitted "
-              f"{r['fitted_order']:.2f}  95% [{lo:.2f}, {hi:.2f}]  {r['fit_points']} points  "
-              f"{verdict(r['passed'])}")
+              f"{fmt(r['fitted_order'])}  95% [{fmt(lo)}, {fmt(hi)}]  {r['fit_points']} "
+              f"points  {verdict(r['passed'])}")
     print(f"results in {out}" + (f" (compilation cache: {cache})" if cache else ""))
     return runtime.EXIT_OK if all(r["passed"] is True for r in rows) else runtime.EXIT_FAILED
