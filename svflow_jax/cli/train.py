@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 
 from ..cli_types import nonnegative_int, positive_float, positive_int, seed
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Path(args.out or runtime.default_out("train", design))
     args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
     from ..environment import environment
-    from ..reporting import write_json
+    from ..reporting import finite_json, write_json
     from ..training.trainer import train
 
     try:
@@ -147,12 +149,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
                "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
                "environment": environment()}
+    diverged = [k for k, v in result.final.items()
+                if isinstance(v, float) and not math.isfinite(v)]
+    if diverged:  # written as null (strict JSON), and said why
+        summary["not_finite"] = diverged
     write_json(out / "final.json", summary)
     args.out_folder.finish()
-    print(json.dumps(summary, default=str))
-    finite = all(not isinstance(v, float) or v == v and abs(v) != float("inf")
-                 for v in result.final.values())
-    return runtime.EXIT_OK if finite else runtime.EXIT_FAILED
+    print(json.dumps(finite_json(summary)))
+    if diverged:
+        print(f"{parser.prog}: the run diverged: {', '.join(diverged)} not finite (try a "
+              "smaller --lr or --duration)", file=sys.stderr)
+        return runtime.EXIT_FAILED
+    return runtime.EXIT_OK
 
 
 # former names (svflow_jax.training.cli)
