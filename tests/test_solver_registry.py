@@ -199,7 +199,8 @@ def test_get_from_import_paths():
     "name, match",
     [
         ("nope", "unknown solver 'nope': registered methods are euler, heun, midpoint"),
-        ("no_such_module_xyz:Thing", "cannot import module"),
+        ("no_such_module_xyz:Thing", "cannot import solver 'no_such_module_xyz:Thing': no "
+                                     "module 'no_such_module_xyz'"),
         ("svflow_jax.solvers:Nothing", "has no attribute"),
         (":RK4", "needs both a module and an attribute"),
         ("math:pi", "neither a Method nor a solver"),

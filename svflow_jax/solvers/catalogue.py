@@ -367,13 +367,14 @@ def _known() -> str:
     return ", ".join(CATALOGUE)
 
 
-def import_path(path: str) -> Any:
+def import_path(path: str, what: str = "object") -> Any:
     """The object named by ``"package.module:Attr"`` (``Attr`` may be dotted).
 
     The current working directory is searched first (it is put at the front of ``sys.path``
     while the module is imported, as uvicorn and gunicorn do), so ``my_solvers:SSPRK3`` finds
     ``./my_solvers.py`` without ``PYTHONPATH``. Any failure, including a module that raises
-    ``SystemExit`` on import, is a ``ValueError`` saying what went wrong."""
+    ``SystemExit`` on import, is a ``ValueError`` saying what went wrong (``what``: the thing
+    asked for, for the message)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{path!r}: an import path 'package.module:Attr' needs both a module "
@@ -385,8 +386,8 @@ def import_path(path: str) -> Any:
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"{path!r}: cannot import module {module_name!r} ({error}; looked in "
-                         "the current folder and sys.path)") from error
+        raise ValueError(f"cannot import {what} {path!r}: no module {module_name!r} ({error}; "
+                         "looked in the current folder and sys.path)") from error
     except (Exception, SystemExit) as error:
         raise ValueError(f"{path!r}: importing module {module_name!r} raised "
                          f"{type(error).__name__}: {error}") from error
@@ -424,7 +425,7 @@ def get(name: str | Method, what: str = "method") -> Method:
         raise ValueError(f"unknown {what} {name!r}: registered methods are {_known()}; or give "
                          "an import path 'package.module:Attr'")
     try:
-        return _from_object(import_path(name), name)
+        return _from_object(import_path(name, what), name)
     except ValueError as error:
         raise ValueError(f"{error}. Registered methods are {_known()}; an import path "
                          "'package.module:Attr' names a Method, a ButcherTableau, a solver "
