@@ -112,6 +112,7 @@ def test_an_earlier_runs_outputs_are_cleared_and_a_crashed_run_rerun(tmp_path):
     for name in ("report.md", "tables/a.csv", "tables/b.csv"):
         (out / name).write_text("first")
     first.finish()
+    assert json.loads((out / runtime.MARKER).read_text())["files"] == ["report.md", "tables"]
     second = runtime.prepare_out(out, "verify")  # no stale table beside the new report
     assert second.files() == []
     (out / "report.md").write_text("second")

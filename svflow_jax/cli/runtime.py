@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -166,9 +167,10 @@ class OutputFolder:
             return
 
     def files(self) -> list[str]:
-        """Every file under the folder (relative paths), less the lock and the marker."""
-        return sorted(p.relative_to(self.path).as_posix() for p in self.path.rglob("*")
-                      if p.is_file() and p.name not in (LOCK, MARKER))
+        """The folder's entries (files and sub-folders, not their contents: a folder given
+        with ``--overwrite`` may be large), less the lock and the marker."""
+        return sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, MARKER)
+                      and not p.name.startswith(MARKER))
 
     def start(self) -> None:
         """Writes the marker: this command, the files there before it, none written yet."""
@@ -258,9 +260,13 @@ def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
             if earlier is None:  # a crashed run: everything not there before it
                 kept = set(marker.get("before") or [])
                 earlier = [f for f in folder.files() if f not in kept]
-            for rel in earlier:
-                target = (path / rel).resolve()
-                if path.resolve() in target.parents:
+            for name in earlier:
+                target = path / name
+                if "/" in name or name in ("", ".", ".."):
+                    continue
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
                     target.unlink(missing_ok=True)
         folder.start()
     except BaseException:
