@@ -247,7 +247,7 @@ def _transfer_words(row) -> str:
 
 
 def write_table(out: Path, results: dict) -> None:
-    from svflow_jax.tables import write_csv
+    from svflow_jax.reporting import write_csv
 
     write_csv(out / "table.csv", [
         {"design": r["design"], "blocks": r["blocks"], "evaluations": r["evaluations"],

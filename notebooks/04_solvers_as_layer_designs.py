@@ -39,10 +39,10 @@
 # separate weights per layer, every stage of a step inside layer $l$ reads $\theta_l$, also the
 # stage at $c = 1$, so steps aligned with the layers keep the solver's order; here the weights
 # are a smooth function of time, so that any step size shows the full order.)
-# The solvers, their orders, costs and descriptions come from the registry
-# `solvers.SOLVERS`, the list that `svflow verify` sweeps. We check one layer by hand, measure
-# every order, compare accuracy per unit of work, and then build new layers from our own
-# solvers in a few lines.
+# The solvers, their orders, costs and descriptions come from the solver catalogue
+# `solvers.CATALOGUE`, the one table that `svflow verify`, `sweep`, `train` and `inspect`
+# read. We check one layer by hand, measure every order, compare accuracy per unit of work, and
+# then build new layers from our own solvers in a few lines.
 
 # %%
 # ruff: noqa: E402
@@ -176,12 +176,13 @@ def sweep(solver, counts, retracted=True, repeats=3):
 
 
 counts = [2, 4, 8, 16, 32, 64, 128, 256, 512]
-# Every registered solver but Dopri8, whose error reaches the reference's within a few of these
-# step sizes (svflow verify sweeps it on its own, denser grid).
-names = [name for name in solvers.SOLVERS if name != "dopri8"]
-designs = {  # name: (solver, expected order, field evaluations per step), from the registry
-    name: (spec.make(), spec.expected_order, spec.evaluations_per_step)
-    for name, spec in solvers.SOLVERS.items() if name in names
+# Every single-field method of the catalogue but Dopri8, whose error reaches the reference's
+# within a few of these step sizes (svflow verify sweeps it on its own, denser grid); the
+# splittings take the attention and FFN fields separately (notebook 3).
+names = [name for name in solvers.catalogue.names(splitting=False) if name != "dopri8"]
+designs = {  # name: (solver, expected order, field evaluations per step), from the catalogue
+    name: (spec.solver, spec.order, spec.evaluations_per_step)
+    for name, spec in solvers.CATALOGUE.items() if name in names
 }
 results = {}
 for name, (solver, expected, evals) in designs.items():
@@ -189,12 +190,12 @@ for name, (solver, expected, evals) in designs.items():
     results[name]["order"] = fit_order(results[name]["h"], results[name]["error"])
     print(f"{name:17s} expected {expected}, fitted {results[name]['order']:.2f}, "
           f"{evals:2d} evaluations/step, max | |x| - 1 | = {results[name]['drift'].max():.1e}"
-          f"  ({solvers.SOLVERS[name].description})")
+          f"  ({solvers.CATALOGUE[name].description})")
 
-# The same Heun and RK4 without the retraction: plain diffrax in R^d (the registry's
-# unretracted forms)
+# The same Heun and RK4 without the retraction: their steps in R^d (the catalogue's ambient
+# forms)
 unretracted = {
-    f"{name}, no Norm": sweep(solvers.SOLVERS[name].unretracted(), counts, retracted=False,
+    f"{name}, no Norm": sweep(solvers.CATALOGUE[name].ambient, counts, retracted=False,
                               repeats=1)
     for name in ("heun", "rk4")
 }

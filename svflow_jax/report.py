@@ -9,27 +9,18 @@ point) are the only values that change between two runs with the same options.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from .tables import write_csv
+from .reporting import fmt as _fmt
+from .reporting import provenance, save_figure, verdict, write_csv, write_json, write_text
 
-__all__ = ["headline", "verdict", "write_all", "write_tables", "write_figures", "write_markdown"]
+__all__ = ["headline", "verdict", "conclusion", "write_all", "write_tables", "write_figures",
+           "write_markdown"]
 
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
 STYLES = ("-", "--", "-.", ":")
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "nan" if not math.isfinite(v) else f"{v:.3g}"
-    return str(v)
 
 
 def headline(claim: dict[str, Any]) -> str:
@@ -43,12 +34,6 @@ def headline(claim: dict[str, Any]) -> str:
         if key in f:
             return f"{key} = {_fmt(f[key])}"
     return ""
-
-
-def verdict(passed: bool | None) -> str:
-    if passed is None:  # float32: too few points above round-off to fit an order
-        return "UNRESOLVED (float32 round-off)"
-    return "PASS" if passed else "FAIL"
 
 
 def _slug(name: str) -> str:
@@ -69,16 +54,6 @@ def write_tables(out: Path, summary: dict[str, Any]) -> list[str]:
             write_csv(out / "tables" / f"{_slug(c['name'])}.csv", c["rows"])
             names.append(f"tables/{_slug(c['name'])}.csv")
     return names
-
-
-def _save(fig, path: Path) -> str:
-    """Lay out, write and close a figure; returns its file name."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path.name
 
 
 def _claims(summary: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -119,7 +94,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
                title="Convergence on the sphere (dotted: theoretical slope)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-        names.append(_save(fig, out / "convergence.png"))
+        names.append(save_figure(fig, out / "convergence.png"))
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
         for c, (color, marker, style) in zip(orders, _styles(), strict=False):
@@ -134,7 +109,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
             ax.grid(True, which="both", alpha=0.3)
         axes[0].legend(fontsize=7)
         fig.suptitle("Work-precision: which layer design buys accuracy cheapest")
-        names.append(_save(fig, out / "work_precision.png"))
+        names.append(save_figure(fig, out / "work_precision.png"))
 
     drift = _claims(summary, "drift")
     if drift:
@@ -151,7 +126,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
                title="Drift off the sphere without retraction")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-        names.append(_save(fig, out / "drift.png"))
+        names.append(save_figure(fig, out / "drift.png"))
 
     stacks = {c["name"]: c for c in _claims(summary, "standard-layer/stack-order")
               + _claims(summary, "prenorm/")}
@@ -174,7 +149,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
                title="Transformer stacks against their continuous limits")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        names.append(_save(fig, out / "stacks.png"))
+        names.append(save_figure(fig, out / "stacks.png"))
     return names
 
 
@@ -185,12 +160,40 @@ SECTIONS = {
 }
 
 
+def conclusion(summary: dict[str, Any]) -> str:
+    """The run's conclusion in one or two sentences, with the caveat that matters: which
+    claims failed, how many orders float32 round-off left unresolved, and a quick run's sizes
+    (its timings are not benchmarks)."""
+    claims = summary["claims"]
+    failed = [c["name"] for c in claims if c["passed"] is False]
+    unresolved = [c["name"] for c in claims if c["passed"] is None]
+    cfg = summary["config"]
+    if failed:
+        words = (f"**FAILED**: {len(failed)} of {len(claims)} claims do not hold "
+                 f"({', '.join(failed[:6])}{', ...' if len(failed) > 6 else ''}).")
+    else:
+        words = (f"**PASSED**: all {len(claims)} claims hold: every Transformer block variant "
+                 "equals the flow solver it discretises, and every solver and stack converges "
+                 "at its expected order.")
+    if unresolved:
+        words += (f" {len(unresolved)} orders are unresolved: in {cfg['dtype']} too few "
+                  "errors lie above round-off to fit them.")
+    if cfg.get("quick"):
+        words += (f" A quick run (n = {cfg['tokens']} tokens, d = {cfg['dim']}, "
+                  f"{cfg['layers']} layers): the claims are checked on small problems, and its "
+                  "timings are not benchmarks.")
+    return words
+
+
 def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
-    """``report.md``: every claim with its statement, figure, tolerance and verdict."""
+    """``report.md``: the conclusion first, then every claim with its statement, figure,
+    tolerance and verdict."""
     cfg = summary["config"]
     comp = summary["compile"]
     lines = [
         "# svflow verify",
+        "",
+        conclusion(summary),
         "",
         f"Overall: **{verdict(summary['passed'])}**. Seed {cfg['seed']}, {cfg['dtype']}, "
         f"n = {cfg['tokens']} tokens, d = {cfg['dim']}, {cfg['layers']} layers, T = {cfg['t1']}"
@@ -206,14 +209,8 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
         f"{cfg['fit_ceiling']:g}] (sweeps: at least {cfg['min_steps_in_fit']} steps), with a "
         "95% Student-t interval. The mathematics: docs/theory.md.",
     ]
-    if env := summary.get("environment"):
-        head, _, dirty = (env["git_commit"] or "").partition("+")
-        commit = f", commit {head[:12]}{' with local changes' if dirty else ''}" if head else ""
-        v = env["versions"]
-        lines += ["", f"Run with svflow-jax {env['svflow_jax']}{commit}; jax {v['jax']}, flax "
-                  f"{v['flax']}, diffrax {v['diffrax']}; Python {env['python']} on "
-                  f"{env['platform']}, {env['cpu_count']} CPUs, {env['backend']} backend; "
-                  f"XLA_FLAGS {env['xla_flags'] or '(none)'}."]
+    if line := provenance(summary.get("environment")):
+        lines += ["", line]
     for section, title in SECTIONS.items():
         claims = [c for c in summary["claims"] if c["section"] == section]
         if not claims:
@@ -228,13 +225,14 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
     lines += [""]
     for name in figures:
         lines += [f"![{name[:-4]}]({name})", ""]
-    (out / "report.md").write_text("\n".join(lines))
+    write_text(out / "report.md", "\n".join(lines))
 
 
 def write_all(out: Path, summary: dict[str, Any]) -> None:
-    """Everything: ``summary.json``, ``config.json``, CSVs, PNGs, ``report.md``."""
+    """Everything: ``summary.json``, ``config.json`` (strict JSON), CSVs, PNGs,
+    ``report.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(summary["config"], indent=2) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "config.json", summary["config"])
+    write_json(out / "summary.json", summary)
     write_tables(out, summary)
     write_markdown(out, summary, write_figures(out, summary))

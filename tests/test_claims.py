@@ -19,7 +19,7 @@ import pytest
 from svflow_jax import claims, correspondence
 from svflow_jax.claims import measure, problem
 from svflow_jax.claims.exactness import VARIANTS
-from svflow_jax.solvers import GeodesicEuler, Retracted
+from svflow_jax.solvers import GeodesicEuler, Retracted, catalogue
 from svflow_jax.solvers.registry import SOLVERS, SolverSpec
 
 OPTIONS = claims.Options(tokens=5, dim=8, layers=16, repeats=1, depths=(8, 16, 32, 64, 128))
@@ -92,7 +92,9 @@ def test_exactness_measurement_tells_a_close_solver_apart(ctx):
 
 
 def test_every_registered_solver_has_an_order_claim():
-    assert {f"order/{name}" for name in SOLVERS} <= set(NAMES)
+    assert {f"order/{m.name}" for m in catalogue.methods(splitting=False)} <= set(NAMES)
+    assert {f"splitting/{m.name}" for m in catalogue.methods(splitting=True)} <= set(NAMES)
+    assert len(catalogue.methods()) == len(SOLVERS)
 
 
 @pytest.mark.parametrize(("bad", "message"), [
@@ -158,7 +160,7 @@ def test_random_params_are_the_stated_distribution():
 def test_claims_in_threads_give_the_same_results():
     """``run_claims(workers=2)`` (``svflow verify --quick``): the same figures as one at a time,
     in the claims' order, each shared object built once."""
-    chosen = claims.select(["exactness/postnorm-projected", "order/heun", "splitting/strang-euler",
+    chosen = claims.select(["exactness/postnorm-projected", "order/heun", "splitting/strang",
                             "exactness/gqa"])
     small = claims.Options(tokens=4, dim=8, layers=4, repeats=1, depths=(16, 32, 64))
     one = claims.run_claims(claims.Context(small), chosen)

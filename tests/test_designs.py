@@ -154,7 +154,8 @@ def test_bad_input_is_refused():
         LayerDesign("x", solver="euler")
     with pytest.raises(ValueError, match="context"):
         SolverLM(SMALL, rngs=nnx.Rngs(0))(jnp.zeros((1, 13), jnp.int32))
-    assert get_design("svflow_jax.designs.design:CLASSICAL_RK4").name == "CLASSICAL_RK4"
+    path = "svflow_jax.designs.design:CLASSICAL_RK4"
+    assert get_design(path).name == path and get_design(path).order == 4
 
 
 def test_per_layer_stages_read_their_layer():

@@ -323,7 +323,13 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     kl = np.asarray(summary["shuffle"]["level_means"]["kl_clean"])
     assert np.all(kl[0] == 0) and np.all(kl[-1] > 0)
     assert [r["factor"] for r in summary["scaling"]["rows"]] == [0.5, 1.0, 3.0]
-    assert "## Headline" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Headline" in report
+    # the conclusion first, with the small-sample caveat; no absolute path (site-packages)
+    assert " of the " in report.splitlines()[2] and "are reproduced" in report.splitlines()[2]
+    assert "A quick run: 4 windows are too few to detect these effects" in report
+    assert summary["text"]["path"] == "svflow_jax/data/emma_opening.txt"
+    assert "site-packages" not in report and str(tmp_path) not in report
 
 
 def test_across_models_ranks_models_by_quality_and_sensitivity():

@@ -67,13 +67,12 @@ def test_version(capsys):
 
 def test_quick_sets_defaults_but_explicit_options_win():
     parser = cli.build_parser()
-    sub = parser._subparsers._group_actions[0].choices["verify"]
-    quick = cli._options(parser.parse_args(["verify", "--quick"]), sub, quick=True)
+    quick = cli.flow_options(parser.parse_args(["verify", "--quick"]), quick=True)
     assert (quick.tokens, quick.dim, quick.layers, quick.repeats) == (4, 8, 4, 1)
-    mixed = cli._options(parser.parse_args(["verify", "--quick", "--dim", "12"]), sub,
-                         quick=True)
+    mixed = cli.flow_options(parser.parse_args(["verify", "--quick", "--dim", "12"]),
+                             quick=True)
     assert mixed.dim == 12 and mixed.tokens == 4
-    plain = cli._options(parser.parse_args(["verify"]), sub)
+    plain = cli.flow_options(parser.parse_args(["verify"]))
     assert (plain.tokens, plain.dim) == (8, 16)
 
 
@@ -85,7 +84,7 @@ def readme_example() -> str:
 
 
 USER_SOLVER = readme_example() + """
-WRONG = SolverSpec("ralston-claimed-3", RALSTON.make, expected_order=3, evaluations_per_step=2)
+WRONG = Method("ralston-claimed-3", RALSTON.solver, order=3)
 """
 
 
@@ -156,6 +155,11 @@ def test_verify_quick_end_to_end_then_from_the_cache(tmp_path):
     assert not (out / "drift.png").exists()  # figures only for the claims present
     report = (out / "report.md").read_text()
     assert "PASS" in report and f"svflow-jax {svflow_jax.__version__}" in report
+    # the conclusion first, with the quick run's caveat; no absolute path of this machine
+    assert report.splitlines()[2].startswith(f"**PASSED**: all {len(summary['claims'])} claims")
+    assert "A quick run (n = 4 tokens, d = 8, 4 layers)" in report.splitlines()[2]
+    for name in ("report.md", "summary.json"):
+        assert str(tmp_path) not in (out / name).read_text(), name
 
     proc = _run_cli(args + ["--out", str(tmp_path / "again")])
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
-"""Orders of convergence: every registered solver, the block splittings, per-layer weights.
+"""Orders of convergence: every method of the solver catalogue, the block splittings, per-layer
+weights.
 
 Each measurement integrates the run's smooth test problem (:func:`.problem.test_problem`) over
 ``[0, T]`` at a sequence of constant steps and compares the final state with the float64
@@ -17,8 +18,9 @@ import numpy as np
 
 from .. import sphere
 from ..flow import AttentionField, Constant, ExpertsField, PiecewiseConstant, SumField
-from ..solvers import RK4, LieTrotter, Retracted, RetractedEuler, Strang
-from ..solvers.registry import SOLVERS, SolverSpec
+from ..solvers import RK4, Retracted
+from ..solvers import catalogue as _catalogue
+from ..solvers.catalogue import Method
 from .core import Claim, Context, Evidence, claim, claim_family
 from .measure import (
     HIGH_ORDER_EXCESS,
@@ -34,7 +36,7 @@ from .measure import (
 )
 from .problem import ANCHORS, reference, test_problem
 
-__all__ = ["solver_sweep", "sweep_counts", "SPLITTINGS", "drift_rows"]
+__all__ = ["solver_sweep", "sweep_counts", "drift_rows"]
 
 
 def _in_run_dtype(ctx: Context):
@@ -49,7 +51,7 @@ def _in_run_dtype(ctx: Context):
 _norm_drift = jax.jit(sphere.norm_drift)  # one program per shape, not one per operation
 
 
-def sweep_counts(ctx: Context, spec: SolverSpec, step_range=None, num_sizes=None) -> list[int]:
+def sweep_counts(ctx: Context, spec: Method, step_range=None, num_sizes=None) -> list[int]:
     """The step counts of ``spec``'s sweep: its registered range times ``--step-scale``, or
     ``step_range`` as given; ``num_sizes`` (else the run's, else the solver's) sizes."""
     o = ctx.options
@@ -71,7 +73,7 @@ def _order_verdict(ctx: Context, fit: dict, expected: float) -> tuple[bool, bool
 
 
 def solver_sweep(
-    ctx: Context, spec: SolverSpec, step_range: tuple[int, int] | None = None,
+    ctx: Context, spec: Method, step_range: tuple[int, int] | None = None,
     num_sizes: int | None = None,
 ) -> Evidence:
     """Error, field evaluations, wall time and norm drift against step size; fitted order."""
@@ -111,66 +113,63 @@ def solver_sweep(
 
 @claim_family
 def _solver_claims() -> list[Claim]:
-    """``order/<name>`` for every solver in the registry (a user's registered solver too)."""
-    def make(spec: SolverSpec) -> Claim:
+    """``order/<name>`` for every single-field method of the catalogue (a user's registered
+    method too)."""
+    def make(spec: Method) -> Claim:
         return Claim(f"order/{spec.name}", "orders",
                      f"{spec.description or spec.name}: global error O(h^{spec.expected_order}) "
                      "on the smooth flow, on the sphere.",
                      lambda ctx: _shared_sweep(ctx, spec))
 
-    return [make(spec) for spec in SOLVERS.values()]
+    return [make(spec) for spec in _catalogue.methods(splitting=False)]
 
 
-def _shared_sweep(ctx: Context, spec: SolverSpec) -> Evidence:
+def _shared_sweep(ctx: Context, spec: Method) -> Evidence:
     """The sweep of ``spec``, kept in the context (the drift claim reads its drifts)."""
     return ctx.shared(("sweep", spec.name), lambda: solver_sweep(ctx, spec))
 
 
-# name -> (how the block's fields are split, solver, expected order)
-SPLITTINGS: dict[str, tuple[str, object, int]] = {
-    "parallel-euler": ("parallel", RetractedEuler(), 1),
-    "lie-trotter-euler": ("sequential", LieTrotter(RetractedEuler()), 1),
-    "strang-euler": ("macaron", Strang(RetractedEuler()), 1),
-    "strang-heun": ("macaron", Strang(Retracted(diffrax.Heun())), 2),
-    "strang-midpoint": ("macaron", Strang(Retracted(diffrax.Midpoint())), 2),
-}
-
-
-def _splitting(ctx: Context, name: str) -> Evidence:
-    block, solver, expected = SPLITTINGS[name]
+def _splitting(ctx: Context, method: Method) -> Evidence:
+    """``method`` on the smooth problem's block: one field ``v_A + v_F`` for a parallel block,
+    the attention and FFN fields separately for a splitting; error against the reference at
+    the run's depths and the fitted order."""
     problem = test_problem(ctx)
     smooth = problem.smooth
-    if block == "parallel":
-        terms = diffrax.ODETerm(smooth.field)
-    else:
+    if method.is_splitting:
         terms = diffrax.MultiTerm(diffrax.ODETerm(smooth.attention),
                                   diffrax.ODETerm(smooth.experts))
+    else:
+        terms = diffrax.ODETerm(smooth.field)
     depths = list(ctx.options.depths)
     ref = reference(ctx)
     rows = []
     for L in depths:
-        y = fixed_step_solve(terms, solver, problem.u0, problem.t1, L)
+        y = fixed_step_solve(terms, method.solver, problem.u0, problem.t1, L)
         rows.append({"num_steps": L, "step_size": problem.t1 / L, "error": geodesic_error(y, ref)})
     fit = fit_window([r["step_size"] for r in rows], [r["error"] for r in rows])
+    expected = method.order
     _, passed = _order_verdict(ctx, fit, expected)
     return Evidence(passed, {"expected_order": expected, **{k: v for k, v in fit.items()
                                                             if k != "in_fit"}},
                     f"|fitted order - {expected}| <= 0.15", rows)
 
 
-_SPLITTING_WORDS = {
-    "parallel-euler": "A parallel block (retracted Euler on v_A + v_F) is first order.",
-    "lie-trotter-euler": "A sequential block (Lie-Trotter of retracted Euler steps) is first "
-                         "order.",
-    "strang-euler": "A macaron block (Strang with Euler sub-steps) is only first order: its h^2 "
-                    "terms do not cancel.",
-    "strang-heun": "Strang splitting with retracted Heun sub-steps is second order.",
-    "strang-midpoint": "Strang splitting with retracted midpoint sub-steps is second order.",
-}
+@claim_family
+def _splitting_claims() -> list[Claim]:
+    """``splitting/<name>`` for every splitting of the catalogue (a user's too), and
+    ``splitting/parallel-euler``: the parallel block (retracted Euler on ``v_A + v_F``) on the
+    same problem, for comparison."""
+    def make(method: Method, name: str, statement: str) -> Claim:
+        return Claim(f"splitting/{name}", "orders", statement,
+                     lambda ctx: _splitting(ctx, method))
 
-for _name in SPLITTINGS:
-    claim(f"splitting/{_name}", "orders", _SPLITTING_WORDS[_name])(
-        lambda ctx, name=_name: _splitting(ctx, name))
+    euler = _catalogue.get("euler")
+    claims = [make(euler, "parallel-euler",
+                   "A parallel block (retracted Euler on v_A + v_F) is first order.")]
+    for method in _catalogue.methods(splitting=True):
+        claims.append(make(method, method.name, f"{method.description}: order {method.order} "
+                           "on the smooth flow."))
+    return claims
 
 
 class _RightContinuousLayers(PiecewiseConstant):
@@ -237,10 +236,10 @@ def _layer_weights(smooth, h):
     return [jax.vmap(f.params)(times) for f in (smooth.attention, smooth.experts)]
 
 
-def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
-    """``max | |y(T)| - 1 |`` of ``spec``'s method WITHOUT retraction (plain diffrax in R^d); a
+def drift_rows(ctx: Context, spec: Method, num_sizes: int = 6) -> dict:
+    """``max | |y(T)| - 1 |`` of ``spec``'s method WITHOUT retraction (its step in ``R^d``); a
     method on the sphere by construction reports the drift of its own sweep."""
-    if spec.unretracted is None:
+    if spec.ambient is None:
         sweep = _shared_sweep(ctx, spec)
         points = [{k: p[k] for k in ("num_steps", "step_size", "norm_drift")}
                   for p in sweep.rows]
@@ -250,7 +249,7 @@ def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
     counts = step_counts(*spec.step_range, num_sizes)
     points = []
     for count in counts:
-        y = fixed_step_solve(diffrax.ODETerm(field), spec.unretracted(), y0, problem.t1, count)
+        y = fixed_step_solve(diffrax.ODETerm(field), spec.ambient, y0, problem.t1, count)
         points.append({"num_steps": count, "step_size": problem.t1 / count,
                        "norm_drift": float(_norm_drift(y))})
     return {"solver": spec.name, "retracted": False, "points": points}
@@ -260,11 +259,12 @@ def drift_rows(ctx: Context, spec: SolverSpec, num_sizes: int = 6) -> dict:
        "Without the retraction (plain diffrax in R^d) every method drifts off the sphere; the "
        "sphere solvers stay on it to round-off.")
 def drift(ctx: Context) -> Evidence:
-    rows = [drift_rows(ctx, spec) for spec in SOLVERS.values()]
+    single = _catalogue.methods(splitting=False)
+    rows = [drift_rows(ctx, spec) for spec in single]
     tolerance = sphere.unit_tolerance(ctx.options.jnp_dtype, ctx.options.dim)
     # Every solver's drift on the sphere comes from its sweep (the retracted solves).
     on_sphere = max(_shared_sweep(ctx, spec).figures["max_norm_drift"]
-                    for spec in SOLVERS.values())
+                    for spec in single)
     off = [r["points"][0]["norm_drift"] for r in rows if not r["retracted"]]
     passed = on_sphere <= tolerance and all(v > tolerance for v in off)
     figures = {"max_drift_on_sphere": on_sphere,

@@ -1,8 +1,9 @@
 """Solvers as trainable layer designs: a bridging package (it speaks both vocabularies).
 
-* :mod:`.design`: :class:`LayerDesign` (a solver read as a Transformer block), the registered
-  designs :data:`DESIGNS`, :func:`from_tableau` (any explicit Butcher tableau), the stack's
-  integration loop :func:`integrate` and the measured cost :func:`evaluations`.
+* :mod:`.design`: :class:`LayerDesign` (a method of the solver catalogue,
+  :mod:`svflow_jax.solvers.catalogue`, read as a Transformer block; :data:`DESIGNS` is that
+  catalogue), :func:`from_tableau` (any explicit Butcher tableau), the stack's integration loop
+  :func:`integrate` and the measured cost :func:`evaluations`.
 * :mod:`.model`: :class:`SolverLM`, a Flax NNX causal language model whose stack is the solver
   on ``[0, T]`` with per-layer or continuous-in-depth weights (:class:`DesignConfig`).
 * :mod:`.adaptive`: adaptive depth at evaluation (embedded error estimate + PID controller).

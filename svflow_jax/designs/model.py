@@ -240,7 +240,7 @@ class SolverLM(nnx.Module):
         standard branches and a final Norm."""
         c = self.config
         post = c.norm_position == "post"
-        block = {"lie-trotter": "sequential", "strang": "macaron"}.get(c.design, "parallel")
+        block = c.layer_design.block
         return TransformerConfig(
             d_model=c.d_model, n_layers=c.num_anchors, n_heads=c.n_heads, d_head=c.d_head,
             d_ff=c.d_ff, norm_position=c.norm_position, block=block,

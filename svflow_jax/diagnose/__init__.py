@@ -8,7 +8,7 @@
 * :mod:`.study`    the prefix-shuffling study, its analysis, the attention-scaling experiment,
                    :func:`diagnose`.
 * :mod:`.output`   ``summary.json``, CSV tables, figures and ``report.md`` from a summary.
-* :mod:`.cli`      the ``svflow diagnose`` subcommand.
+* the ``svflow diagnose`` subcommand is :mod:`svflow_jax.cli.diagnose`.
 
 Definitions: ``docs/theory.md``, section 19.
 """

@@ -5,14 +5,14 @@ statements, as listed in :data:`PAPER`)."""
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
-from ..tables import write_csv
+from ..reporting import ci as _ci
+from ..reporting import fmt as _fmt
+from ..reporting import provenance, save_figure, write_csv, write_json, write_text
 
-__all__ = ["PAPER", "headline", "tracks_perplexity", "write_all"]
+__all__ = ["PAPER", "headline", "tracks_perplexity", "conclusion", "write_all"]
 
 PAPER = {
     "rho": "metrics correlate with perplexity and calibration, Spearman rho about 0.87",
@@ -20,19 +20,6 @@ PAPER = {
     "scaling": "extreme concentrations make divergences explode and the model over-confident "
                "(Qwen3)",
 }
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "nan" if not math.isfinite(v) else f"{v:.{digits}g}"
-    return str(v)
-
-
-def _ci(ci) -> str:
-    lo, hi = ci
-    return f"[{_fmt(lo)}, {_fmt(hi)}]"
 
 
 def tracks_perplexity(entry: dict[str, Any], comparisons: int,
@@ -179,9 +166,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
         ax.set_ylabel("layer")
         ax.set_title(f"{name} - clean", fontsize=9)
         fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(out / "heatmaps.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, out / "heatmaps.png", dpi=90)
     written.append("heatmaps.png")
     # 2. metric vs perplexity with rho
     if "task" in sh:
@@ -197,9 +182,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
             ax.set_title(f"{name}: rho {e['rho']:.2f} {_ci(e['ci'])}", fontsize=9)
             ax.set_xlabel("perplexity (scored tokens)")
             ax.set_ylabel("layer mean")
-        fig.tight_layout()
-        fig.savefig(out / "metric_vs_perplexity.png", dpi=90)
-        plt.close(fig)
+        save_figure(fig, out / "metric_vs_perplexity.png", dpi=90)
         written.append("metric_vs_perplexity.png")
     # 3. depth sensitivity
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -210,9 +193,7 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     ax.set_ylabel("|change clean -> fully shuffled| / sd")
     ax.set_title("depth sensitivity (deep/shallow ratio in brackets)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "depth_sensitivity.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, out / "depth_sensitivity.png", dpi=90)
     written.append("depth_sensitivity.png")
     # 4. concentration scaling
     sc = summary.get("scaling")
@@ -238,17 +219,34 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
             ax.set_xscale("log")
             ax.set_xlabel("attention-logit factor c")
             ax.set_title(title, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / "concentration_scaling.png", dpi=90)
-        plt.close(fig)
+        save_figure(fig, out / "concentration_scaling.png", dpi=90)
         written.append("concentration_scaling.png")
     return written
+
+
+def conclusion(summary: dict[str, Any]) -> str:
+    """The run's conclusion in one or two sentences: how many of the paper's statements this
+    run reproduced, and the caveat that matters: how many windows it rests on (a "not
+    reproduced" from a few windows means "not detected at this sample size")."""
+    rows = headline(summary)
+    judged = [r for r in rows if r["verdict"] in ("reproduced", "not reproduced")]
+    reproduced = [r for r in judged if r["verdict"] == "reproduced"]
+    cfg, sh = summary["config"], summary["shuffle"]
+    words = (f"{len(reproduced)} of the {len(judged)} comparisons with the paper's statements "
+             f"are reproduced on {summary['model']['name']}, from {sh['windows']} windows of "
+             f"{cfg['context']} tokens.")
+    quick = (summary.get("run") or {}).get("quick")
+    if quick or sh["windows"] < 16:
+        words += (f" {'A quick run: ' if quick else ''}{sh['windows']} windows are too few to "
+                  "detect these effects, so a \"not reproduced\" here means \"not detected at "
+                  "this sample size\", not that the effect is absent.")
+    return words
 
 
 def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
     sh, cfg, model = summary["shuffle"], summary["config"], summary["model"]
     t = summary["timings"]
-    lines = [f"# svflow diagnose: {model['name']}", "",
+    lines = [f"# svflow diagnose: {model['name']}", "", conclusion(summary), "",
              f"{model['layers']} layers, d = {model['d_model']}, {model['heads']} heads "
              f"({model['kv_heads']} KV), {'causal LM' if model['language_model'] else 'encoder'}"
              f". Text: {summary['text']['path']} ({summary['text']['tokens']} tokens). "
@@ -323,16 +321,18 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
                 f"{r['kl_q_p']:.3f} | {r['entropy']:.3f} | {r['kappa_attn']:.1f} | "
                 f"{r['kappa_posterior']:.1f} |")
     lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    if line := provenance(summary.get("environment")):
+        lines += ["", line]
+    write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 def write_all(out: str | Path, summary: dict[str, Any]) -> Path:
     """``summary.json``, ``config.json``, the CSVs, the figures and ``report.md`` in ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(summary["config"], indent=2) + "\n")
+    write_json(out / "config.json", summary["config"])
     summary = {**summary, "headline": headline(summary)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary, indent=1)
     write_tables(out, summary)
     figures = write_figures(out, summary)
     write_markdown(out, summary, figures)

@@ -39,8 +39,9 @@ keep the method's order.
 :func:`solve` (:mod:`.solve`) wraps :func:`diffrax.diffeqsolve` with input validation
 (a solver that leaves the sphere, fields the solver cannot take, a state off the sphere, ...)
 and an error (never a silently wrong state) when the solve fails, e.g. by running out of
-``max_steps``. :mod:`.registry` names the solvers (:data:`SOLVERS`, :func:`get_solver`) for
-``svflow verify``, ``svflow sweep`` and the notebooks.
+``max_steps``. :mod:`.catalogue` names the methods (:data:`CATALOGUE`, :class:`Method`,
+:func:`get`): one record per method, read by every ``svflow`` command and the notebooks
+(:mod:`.registry` keeps the former names ``SOLVERS``, ``SolverSpec``, ``get_solver``).
 
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
 the discrete steps themselves, recomputing them from checkpoints, or, for fixed-step solves,
@@ -58,9 +59,18 @@ from ._interpolation import (
 )
 from .adjoint import ScanAdjoint, StoredAdjoint, fixed_step_scan, unroll_stages
 from .base import AbstractSphereSolver, within_step
+from .catalogue import (
+    CATALOGUE,
+    Method,
+    count_evaluations,
+    evaluations,
+    from_tableau,
+    import_path,
+    register,
+)
 from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
-from .registry import SOLVERS, SolverSpec, count_evaluations, get_solver, register
+from .registry import SOLVERS, SolverSpec, get_solver
 from .runge_kutta import RK4, Retracted, WithinStep
 from .solve import SolveError, solve, stays_on_sphere
 from .splitting import AbstractSplitting, LieTrotter, Strang
@@ -90,6 +100,11 @@ __all__ = [
     "unroll_stages",
     "solve",
     "stays_on_sphere",
+    "Method",
+    "CATALOGUE",
+    "from_tableau",
+    "evaluations",
+    "import_path",
     "SolverSpec",
     "SOLVERS",
     "register",

@@ -7,7 +7,7 @@
   append-only metrics, a stop at the first non-finite loss) and :func:`optimizer`.
 * :mod:`.trainer`: :func:`train` (a layer design on a task, through :func:`fit`) and
   :func:`evaluate`.
-* :mod:`.cli`: the ``svflow train`` subcommand.
+* the ``svflow train`` subcommand is :mod:`svflow_jax.cli.train`.
 """
 
 import importlib

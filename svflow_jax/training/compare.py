@@ -70,7 +70,7 @@ def equal_compute_steps(designs: list[str], budget: float) -> dict[str, int]:
     Raises if a design cannot meet the budget exactly (pick a budget that all divide)."""
     out = {}
     for name in designs:
-        per_step = evaluations(get_design(name), 2) - evaluations(get_design(name), 1)
+        per_step = get_design(name).evaluations_per_step
         first = evaluations(get_design(name), 1) - per_step
         steps = (budget - first) / per_step
         if steps < 1 or abs(steps - round(steps)) > 1e-9:

@@ -1,0 +1,104 @@
+"""Options shared by the ``svflow`` subcommands: the random-flow options of ``verify`` and
+``sweep`` (:func:`add_flow_options`, :func:`flow_options`) and the run options of every
+command (:func:`add_run_options`: ``--out``, ``--overwrite``, ``--no-progress``, the
+compilation cache)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli_types import positive_float, positive_int, seed
+from .runtime import EPILOG, UsageError, with_quick
+
+__all__ = ["add_flow_options", "add_run_options", "flow_options", "subcommand", "EPILOG"]
+
+
+def subcommand(subparsers, name: str, **kwargs) -> argparse.ArgumentParser:
+    """A subparser whose ``--help`` ends with the exit codes."""
+    return subparsers.add_parser(name, epilog=EPILOG, **kwargs)
+
+
+def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = True) -> None:
+    """``--out``, ``--overwrite``, ``--no-progress`` and (``cache``) the compilation cache."""
+    p.add_argument("--out", help=f"output folder (default: results/{command}-<time>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --out folder that holds other files or another "
+                   "command's results (they are kept; the new outputs are written beside them)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if cache:
+        p.add_argument("--no-compile-cache", action="store_true",
+                       help="do not use JAX's persistent compilation cache")
+        p.add_argument("--cache-dir", help="compilation cache folder (default: "
+                       "$SVFLOW_CACHE_DIR, else ~/.cache/svflow-jax/xla)")
+
+
+def add_flow_options(p: argparse.ArgumentParser) -> None:
+    """The random smooth SVFlow of ``verify`` and ``sweep``."""
+    p.add_argument("--seed", type=seed, help="random seed, 0 <= seed < 2**32 (default 0)")
+    p.add_argument("--dtype", choices=("float64", "float32"),
+                   help="floating-point type of states and parameters (default float64)")
+    p.add_argument("--tokens", type=positive_int, help="number of tokens n (default 8)")
+    p.add_argument("--dim", type=positive_int,
+                   help="dimension d of R^d, a multiple of 4 (default 16)")
+    p.add_argument("--t1", type=positive_float, help="final time T (default 1)")
+    p.add_argument("--strength", type=positive_float,
+                   help="scale of the random weights: the speed of the flow (default 1)")
+    p.add_argument("--repeats", type=positive_int,
+                   help="timed repetitions per solve; the median is reported (default 3)")
+    p.add_argument("--num-sizes", type=positive_int,
+                   help="step sizes per solver sweep, >= 3 (default: per solver)")
+
+
+FLOW_OPTIONS = ("seed", "dtype", "tokens", "dim", "layers", "t1", "strength", "repeats",
+                "step_scale", "num_sizes")
+
+
+def flow_options(args: argparse.Namespace, quick: bool = False):
+    """The validated :class:`~svflow_jax.claims.Options`: explicit options win, ``--quick``
+    fills in its small defaults, the rest are the library defaults; then the size bounds
+    (:func:`check_sizes`). ``UsageError`` naming the option."""
+    from ..claims import QUICK, Options
+
+    given = {k: getattr(args, k) for k in FLOW_OPTIONS if getattr(args, k, None) is not None}
+    try:
+        options = Options(**with_quick(given, QUICK, quick))
+    except ValueError as err:
+        raise UsageError(str(err).replace("_", "-")) from None
+    check_sizes(options)
+    return options
+
+
+# Bounds of the random flow (documented in the options' help): attention holds n x n scores per
+# head and layer, and every solve holds a few states of n x d.
+MAX_REPEATS = 1000
+
+
+def check_sizes(options) -> None:
+    """Refuses (``UsageError``, exit 2) sizes that cannot run: more memory than the machine's
+    (``--tokens``, ``--dim``), a single token, a width the claims' Transformers cannot split into
+    two heads of even width (``--dim`` not a multiple of 4), and more than
+    :data:`~.runtime.MAX_STEPS` steps per solve or :data:`MAX_REPEATS` timed repetitions."""
+    from .runtime import MAX_STEPS, check_memory
+
+    n, d = options.tokens, options.dim
+    if n < 2:
+        raise UsageError(f"--tokens {n}: at least 2 (with one token attention is the identity "
+                         "and the pre-norm and order claims measure nothing)")
+    if d % 4:
+        raise UsageError(f"--dim {d}: must be a multiple of 4 (the Transformers of the claims "
+                         "have 2 heads of width d / 2, even for rotary embeddings)")
+    # float64: n x n attention scores of the 2 heads, a few copies (logits, softmax, its
+    # derivative, stages under vmap), and a few dozen n x d states (stages, references)
+    per_solve = 8 * (8 * n * n + 64 * n * d)
+    check_memory(per_solve, "--tokens" if n >= d else "--dim",
+                 f"a flow of {n} tokens in d = {d}")
+    if options.repeats > MAX_REPEATS:
+        raise UsageError(f"--repeats {options.repeats}: at most {MAX_REPEATS}")
+    if options.num_sizes is not None and options.num_sizes > 1000:
+        raise UsageError(f"--num-sizes {options.num_sizes}: at most 1000")
+    from ..solvers import catalogue
+
+    largest = max(m.step_range[1] for m in catalogue.methods()) * options.step_scale
+    if largest > MAX_STEPS:
+        raise UsageError(f"--step-scale {options.step_scale:g}: sweeps would take up to "
+                         f"{largest:.3g} steps per solve, more than {MAX_STEPS}")

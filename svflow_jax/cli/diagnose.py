@@ -1,0 +1,149 @@
+"""``svflow diagnose MODEL``: SVFlow diagnostics of a pretrained model under prefix shuffling
+(:mod:`svflow_jax.diagnose`); options are validated (exit code 2) before anything loads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..cli_types import fraction, int_at_least, positive_float, seed
+from . import runtime
+from .common import add_run_options, subcommand
+
+__all__ = ["add_parser", "run", "add_diagnose_parser", "run_diagnose"]
+
+
+OPTIONS = ("model", "text", "context", "scored", "windows", "levels", "permutations", "seed",
+           "bootstrap", "ece_bins", "scaling_factors", "scaling_level", "scaling_windows")
+
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Adds ``diagnose`` to ``subparsers`` (of the ``svflow`` parser) and returns it."""
+    p = subcommand(
+        subparsers, "diagnose",
+        help="SVFlow diagnostics of a pretrained model under prefix shuffling",
+        description="Per-layer SVFlow metrics (vMF-mixture evidence log p_t, KL(q||p), "
+        "KL(q_clean||q_shuffled), attention entropy, concentrations) of a pretrained model on "
+        "windows of a text whose first tokens are permuted, against perplexity and calibration "
+        "of the scored (last) tokens; Spearman rho with bootstrap intervals, depth "
+        "sensitivity, and the attention-logit scaling experiment. Writes config.json, "
+        "summary.json, CSVs, PNGs and report.md to --out. Exit code 0 when the run completes "
+        "(the verdicts are in the report). Definitions: docs/theory.md, section 19.")
+    p.add_argument("model", nargs="?", help="packaged model name (smollm2-135m-instruct, "
+                   f"all-minilm-l6-v2) or a checkpoint path (default {DEFAULT_MODEL})")
+    p.add_argument("--model", dest="model_option", metavar="MODEL",
+                   help="deprecated: give MODEL as the first argument, as for svflow inspect")
+    p.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
+                   "svflow_jax/data/emma_opening.txt)")
+    p.add_argument("--context", type=int_at_least(2), help="tokens per window (default 128)")
+    p.add_argument("--scored", type=int_at_least(1),
+                   help="scored tokens at the end of each window (default 32)")
+    p.add_argument("--windows", type=int_at_least(1), help="number of windows (default 32)")
+    p.add_argument("--levels", type=fraction, nargs="+", metavar="FRACTION",
+                   help="shuffled fractions of the prefix, increasing, including 0 "
+                   "(default 0 0.2 0.4 0.6 0.8 1)")
+    p.add_argument("--permutations", type=int_at_least(1),
+                   help="permutations per non-zero level (default 3)")
+    p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
+    p.add_argument("--bootstrap", type=int_at_least(1),
+                   help="bootstrap resamples of the windows (default 1000)")
+    p.add_argument("--ece-bins", type=int_at_least(1), help="equal-mass ECE bins (default 10)")
+    p.add_argument("--scaling-factors", type=positive_float, nargs="*", metavar="C",
+                   help="attention-logit factors; none: skip the experiment "
+                   "(default 0.5 0.75 1 1.5 2 3)")
+    p.add_argument("--scaling-level", type=fraction,
+                   help="shuffle level of the scaling experiment (default 1)")
+    p.add_argument("--scaling-windows", type=int_at_least(1),
+                   help="windows of the scaling experiment (default: --windows)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small run for CI (48-token windows, 4 windows, 5 levels, 1 "
+                   "permutation, factors 0.5 1 3 on 2 windows); explicit options still win")
+    add_run_options(p, "diagnose")
+    p.set_defaults(run=run)
+    return p
+
+
+def _model(args: argparse.Namespace) -> str:
+    """MODEL, from the first argument or the deprecated ``--model`` (with a message)."""
+    if args.model_option is not None:
+        print("svflow diagnose: --model is deprecated; give MODEL as the first argument "
+              f"(svflow diagnose {args.model_option})", file=sys.stderr)
+        if args.model is not None and args.model != args.model_option:
+            raise runtime.UsageError(f"MODEL {args.model!r} and --model "
+                                     f"{args.model_option!r} differ; give MODEL once")
+        return args.model_option
+    return args.model or DEFAULT_MODEL
+
+
+def _config(args: argparse.Namespace):
+    from ..diagnose.study import QUICK, StudyConfig
+    from . import runtime
+
+    given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
+    given["model"] = _model(args)
+    for k in ("levels", "scaling_factors"):
+        if k in given:
+            given[k] = tuple(given[k])
+    try:
+        return StudyConfig(**runtime.with_quick(given, QUICK, args.quick))
+    except ValueError as err:
+        raise runtime.UsageError(str(err).replace("_", "-")) from None
+
+
+def _save_data(path: Path, data) -> None:
+    """The raw per-window arrays of the shuffle study (every analysis can be recomputed)."""
+    import numpy as np
+
+    arrays = {f"metric_{k}": v for k, v in data.metrics.items()}
+    arrays.update({f"per_head_{k}": v for k, v in data.per_head.items()})
+    for k in ("nll", "confidence", "correct"):
+        if getattr(data, k) is not None:
+            arrays[k] = getattr(data, k)
+    np.savez_compressed(path, levels=np.asarray(data.levels), **arrays)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    config = _config(args)
+    from ..diagnose.study import default_text
+    from ..reporting import display_path
+
+    text = Path(config.text) if config.text else default_text()
+    runtime.read_text_file(text, "--text")  # exists and is UTF-8
+    from .. import packaged
+
+    if config.model not in packaged.MODELS and not Path(config.model).exists():
+        raise runtime.UsageError(f"MODEL {config.model!r} is neither a packaged model "
+                                 f"({', '.join(sorted(packaged.MODELS))}) nor a path")
+    out = Path(args.out or runtime.default_out("diagnose"))
+    args.out_folder = runtime.prepare_out(out, "diagnose", overwrite=args.overwrite)
+    runtime.fetch_packaged(config.model, parser.prog)
+    runtime.setup_jax(cache=False)  # metrics in float64; the model stays float32
+    from ..diagnose.output import headline, write_all
+    from ..diagnose.study import diagnose
+
+    with runtime.progress_bar("svflow diagnose", "window", args.no_progress) as (tick, total):
+        try:
+            result = diagnose(config, progress=tick, total=total)
+        except ValueError as err:  # e.g. a text too short for the windows asked for
+            raise runtime.UsageError(str(err)) from None
+    summary = result.summary
+    summary["text"]["path"] = ("svflow_jax/data/emma_opening.txt" if not config.text
+                               else display_path(config.text))
+    summary["model"]["name"] = display_path(config.model)
+    summary["run"] = {"quick": args.quick, "out": display_path(out)}
+    write_all(out, summary)
+    _save_data(out / "data.npz", result.data)
+    args.out_folder.finish()
+    print(f"\n{'paper':<58} {'verdict':<15} ours")
+    for r in headline(summary):
+        print(f"{r['statement'][:58]:<58} {r['verdict']:<15} {r['ours']}")
+    print(f"\n{summary['timings']['total_s']:.0f} s; report: {out / 'report.md'}")
+    return runtime.EXIT_OK
+
+
+# former names (svflow_jax.diagnose.cli)
+add_diagnose_parser, run_diagnose = add_parser, run

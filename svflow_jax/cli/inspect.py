@@ -1,0 +1,104 @@
+"""``svflow inspect MODEL``: how close is a real pretrained Transformer to the solution of its
+ODE (:mod:`svflow_jax.inspection`), written by :mod:`svflow_jax.inspection_report`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from ..cli_types import int_at_least, positive_int
+from . import runtime
+from .common import add_run_options, subcommand
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subcommand(
+        subparsers, "inspect", help="how close is a real pretrained model to the solution of "
+        "its ODE?",
+        description="Loads a real checkpoint (a packaged name such as smollm2-135m-instruct or "
+        "all-minilm-l6-v2, a Hugging Face folder, or a GGUF file) and measures on real text: "
+        "whether its own flow reproduces every hidden state (float64, float32), how each "
+        "layer moves the tokens, how smooth the weights are in depth, and how the next-token "
+        "loss and the final states change when the same flow is integrated with Euler "
+        "sub-steps and higher-order methods per layer. Writes summary.json, CSV, PNG and "
+        "report.md to --out. Exit code 1: the flow does not reproduce the model.")
+    p.add_argument("model", help="packaged model name, Hugging Face folder or GGUF file")
+    p.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
+                   "shipped with the package)")
+    p.add_argument("--windows", type=positive_int, help="text windows (default 8)")
+    p.add_argument("--window", type=int_at_least(2), help="tokens per window (default 128)")
+    p.add_argument("--substeps", type=int_at_least(2), nargs="+",
+                   help="Euler sub-steps per layer (default 2 4 8)")
+    p.add_argument("--schemes", nargs="*", metavar="METHOD",
+                   help="higher-order methods of the solver catalogue per layer, any with a "
+                   "step in R^d (svflow train --list-designs lists them; default heun rk4)")
+    p.add_argument("--exactness-tokens", type=positive_int,
+                   help="tokens of the float64/float32 exactness check (default 64)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 window of 24 tokens, sub-steps 2 4, 16 exactness tokens")
+    add_run_options(p, "inspect")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..inspection import QUICK, InspectOptions
+    from ..reporting import display_path
+
+    given = {k: (tuple(v) if isinstance(v, list) else v) for k in (
+        "windows", "window", "substeps", "schemes", "exactness_tokens")
+        if (v := getattr(args, k)) is not None}
+    try:
+        options = InspectOptions(**runtime.with_quick(given, QUICK, args.quick))
+    except ValueError as err:
+        raise runtime.UsageError(str(err).replace("_", "-")) from None
+    if args.text is not None:
+        text = runtime.read_text_file(args.text, "--text")
+        source = display_path(args.text)
+    else:
+        from ..data import emma_opening
+
+        text = emma_opening()
+        source = "svflow_jax/data/emma_opening.txt (Jane Austen, Emma, opening)"
+    from .. import packaged
+
+    if args.model not in packaged.MODELS and not Path(args.model).exists():
+        raise runtime.UsageError(f"MODEL {args.model!r} is neither a packaged model "
+                                 f"({', '.join(sorted(packaged.MODELS))}) nor an existing file or "
+                                 "folder")
+    out = Path(args.out or runtime.default_out("inspect"))
+    args.out_folder = runtime.prepare_out(out, "inspect", overwrite=args.overwrite)
+    runtime.fetch_packaged(args.model, parser.prog)
+    cache = runtime.setup_jax(args)
+    from .. import inspection
+    from ..environment import environment
+    from ..inspection_report import SCHEMA_VERSION, write_inspection
+
+    start = time.perf_counter()
+    try:
+        loaded = inspection.resolve_model(args.model)
+        inspection.token_windows(loaded.tokenizer, text, options.windows, options.window)
+    except (ValueError, RuntimeError) as err:
+        raise runtime.UsageError(str(err)) from None
+    with runtime.progress_bar("svflow inspect", "step", args.no_progress) as (tick, total):
+        results = inspection.inspect_model(loaded, text, options, progress=tick, total=total)
+    summary = {"schema_version": SCHEMA_VERSION, "model": display_path(args.model),
+               "config": {k: (str(v) if not isinstance(v, (int, float, str, bool, type(None)))
+                              else v) for k, v in dataclasses.asdict(loaded.config).items()},
+               "options": dataclasses.asdict(options),
+               "text": {"source": source, "characters": len(text)},
+               "compile_cache": cache is not None, "quick": args.quick,
+               "results": [r.to_json() for r in results],
+               "seconds": time.perf_counter() - start, "environment": environment()}
+    write_inspection(out, summary)
+    args.out_folder.finish()
+    failed = [r.name for r in results if r.passed is False]
+    for r in results:
+        verdict = {True: "PASS", False: "FAIL", None: "-"}[r.passed]
+        print(f"{r.name:<18} {verdict:<5} {r.seconds:6.1f} s")
+    print(f"report: {out / 'report.md'}")
+    return runtime.EXIT_FAILED if failed else runtime.EXIT_OK

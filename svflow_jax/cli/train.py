@@ -1,0 +1,183 @@
+"""``svflow train``: train one layer design (a method of the solver catalogue) on a task.
+
+Options are checked before anything is compiled, sizes against the machine's memory and the
+documented bounds; bad options exit with code 2. A run writes
+``config.json``, ``run.json``, ``metrics.jsonl``, ``metrics.csv``, orbax checkpoints and
+``final.json`` to ``--out``; running the same command again resumes from the latest checkpoint
+(with more ``--steps``, a finished run is extended at its final learning rate). A run whose loss
+becomes non-finite stops there with exit code 1 (``final.json`` says where).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from ..cli_types import nonnegative_int, positive_float, positive_int, seed
+from . import runtime
+from .common import add_run_options, subcommand
+
+__all__ = ["add_parser", "run", "add_train_parser", "run_train", "config_from_args",
+           "MAX_WIDTH"]
+
+
+_positive_int, _nonnegative_int, _positive_float = positive_int, nonnegative_int, positive_float
+
+#: largest width (``--d-model``, ``--d-ff``, ``--heads`` x ``--d-head``) and context
+MAX_WIDTH = 16384
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Adds the ``train`` subcommand to an ``argparse`` subparsers object."""
+    p = subcommand(
+        subparsers, "train", help="train a solver as a Transformer layer design (optax, resumable)",
+        description="Builds a causal language model whose stack is a solver (a layer design: "
+        "a method of the solver catalogue, listed by --list-designs, or "
+        "package.module:Attr naming a Method, a solver or a diffrax.ButcherTableau, the "
+        "current folder searched first) "
+        "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
+        "sharded over all devices. Writes config.json, metrics.jsonl/.csv, checkpoints and "
+        "final.json to --out; the same command resumes an interrupted run. Widths and context "
+        f"are at most {MAX_WIDTH}, and the model must fit in the machine's memory.")
+    p.add_argument("--config", type=Path, help="a config.json of an earlier run (explicit "
+                   "options below win)")
+    p.add_argument("--design", help="layer design (default euler)")
+    p.add_argument("--task", choices=["austen", "recall"],
+                   help="austen: byte-level LM on Jane Austen, bits per character; recall: "
+                   "two-hop associative recall, accuracy (default austen)")
+    p.add_argument("--weights", choices=["per_layer", "linear", "chebyshev"],
+                   help="weights per layer, or continuous in depth (default per_layer)")
+    p.add_argument("--norm", dest="norm_position", choices=["post", "pre"],
+                   help="post-norm on the sphere (default) or pre-norm")
+    p.add_argument("--num-steps", type=_positive_int, help="blocks of the stack (default 8)")
+    p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
+                   help="weight anchors (layers of weights, default 8)")
+    p.add_argument("--duration", type=_positive_float, help="depth-time T (default 8)")
+    p.add_argument("--d-model", type=_positive_int, help="width (default 64)")
+    p.add_argument("--heads", dest="n_heads", type=_positive_int, help="heads (default 4)")
+    p.add_argument("--d-head", type=_positive_int, help="head width (default 16)")
+    p.add_argument("--d-ff", type=_positive_int, help="FFN width (default 128)")
+    p.add_argument("--context", type=_positive_int, help="bytes per window (austen; "
+                   "default 64)")
+    p.add_argument("--steps", type=_positive_int, help="optimiser steps (default 200)")
+    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default 16)")
+    p.add_argument("--lr", type=_positive_float, help="peak learning rate (default 3e-3)")
+    p.add_argument("--warmup", type=_nonnegative_int, help="warm-up steps (default 20)")
+    p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
+    p.add_argument("--eval-every", type=_nonnegative_int,
+                   help="validation period (default 50; 0: no validation)")
+    p.add_argument("--checkpoint-every", type=_nonnegative_int,
+                   help="checkpoint period in steps (default 0: only at the end)")
+    p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
+                   help="resuming on another device count or an edited --design module: "
+                   "refuse (default) or warn and continue")
+    add_run_options(p, "train-<design>", cache=False)
+    p.add_argument("--list-designs", action="store_true", help="list the designs and exit")
+    p.set_defaults(run=run)
+    return p
+
+
+_MODEL_FIELDS = ("design", "weights", "norm_position", "num_steps", "num_anchors", "duration",
+                 "d_model", "n_heads", "d_head", "d_ff", "context")
+_TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
+                 "checkpoint_every")
+
+
+def config_from_args(args: argparse.Namespace):
+    """The :class:`~svflow_jax.training.TrainConfig` of the options (``ValueError`` if
+    inconsistent)."""
+    from svflow_jax.designs import DesignConfig
+
+    from ..training.trainer import TrainConfig
+
+    base = TrainConfig()
+    if args.config is not None:
+        base = TrainConfig.from_json(json.loads(Path(args.config).read_text()))
+    model = {k: getattr(args, k) for k in _MODEL_FIELDS if getattr(args, k) is not None}
+    train = {k: getattr(args, k) for k in _TRAIN_FIELDS if getattr(args, k) is not None}
+    return TrainConfig(**{**base.to_json(), **train,
+                          "model": DesignConfig(**{**base.to_json()["model"], **model})})
+
+
+def check_sizes(config) -> None:
+    """Refuses (``UsageError``, exit 2, naming the option) widths above :data:`MAX_WIDTH` and a
+    model whose training state would not fit in memory: float32 weights with their gradient
+    and two AdamW moments (4 copies), and per block stage the activations of a batch (states,
+    FFN hidden units and attention scores, kept for the backward pass)."""
+    m = config.model
+    for option, value in (("--d-model", m.d_model), ("--d-ff", m.d_ff),
+                          ("--heads x --d-head", m.n_heads * m.d_head), ("--context", m.context)):
+        if value > MAX_WIDTH:
+            raise runtime.UsageError(f"{option} {value}: at most {MAX_WIDTH}")
+    vocab = max(256, getattr(m, "vocab_size", 256) or 256)
+    per_layer = 4 * m.d_model * m.n_heads * m.d_head + 2 * m.d_model * m.d_ff
+    weights = 2 * vocab * m.d_model + m.num_anchors * per_layer
+    stages = 16  # the costliest catalogue methods evaluate up to 13 stages per block
+    activations = (config.batch_size * m.context * m.num_steps * stages
+                   * (2 * m.d_model + m.d_ff + m.n_heads * m.context))
+    option = "--d-model" if m.d_model >= m.d_ff else "--d-ff"
+    runtime.check_memory(4 * (4 * weights + activations), option,
+                         f"training this model (d = {m.d_model}, {m.num_steps} blocks, batch "
+                         f"{config.batch_size} x {m.context})")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The handler: validate (exit 2 on bad options), train, write ``final.json``."""
+    from ..solvers import catalogue
+
+    if args.list_designs:
+        for m in catalogue.methods():
+            forms = "post- and pre-norm" if m.ambient is not None else "post-norm only"
+            print(f"{m.name:18s} order {m.order}, {m.block} block, {forms}: {m.description}")
+        return runtime.EXIT_OK
+    if args.config is not None and not Path(args.config).is_file():
+        raise runtime.UsageError(f"--config: no such file {args.config}")
+    try:
+        config = config_from_args(args)
+    except (ValueError, TypeError, KeyError) as err:
+        raise runtime.UsageError(str(err)) from None
+    check_sizes(config)
+    design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in config.model.design)
+    out = Path(args.out or runtime.default_out("train", design))
+    args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
+    from ..environment import environment
+    from ..reporting import dumps, write_json
+    from ..training.loop import TrainingDiverged
+    from ..training.trainer import train
+
+    try:
+        result = train(config, out, progress=not args.no_progress,
+                       on_mismatch=args.on_mismatch)
+    except ValueError as err:  # e.g. batch not divisible by the devices, another config in out
+        raise runtime.UsageError(str(err)) from None
+    except TrainingDiverged as err:  # stopped at the first non-finite loss
+        write_json(out / "final.json", {
+            "design": config.model.design, "task": config.task, "steps": config.steps,
+            "diverged_at": err.step, "loss": err.loss, "stopped": str(err),
+            "environment": environment()})
+        args.out_folder.finish()
+        print(f"{parser.prog}: error: {err} (try a smaller --lr or --duration)",
+              file=sys.stderr)
+        return runtime.EXIT_FAILED
+    summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
+               "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
+               "environment": environment()}
+    diverged = [k for k, v in result.final.items()
+                if isinstance(v, float) and not math.isfinite(v)]
+    if diverged:  # written as null (strict JSON), and said why
+        summary["not_finite"] = diverged
+    write_json(out / "final.json", summary)
+    args.out_folder.finish()
+    print(dumps(summary))
+    if diverged:
+        print(f"{parser.prog}: the run diverged: {', '.join(diverged)} not finite (try a "
+              "smaller --lr or --duration)", file=sys.stderr)
+        return runtime.EXIT_FAILED
+    return runtime.EXIT_OK
+
+
+# former names (svflow_jax.training.cli)
+add_train_parser, run_train = add_parser, run

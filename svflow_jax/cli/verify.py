@@ -1,0 +1,87 @@
+"""``svflow verify``: every registered claim on a random SVFlow with a smooth ``theta(t)``
+(:mod:`svflow_jax.claims`), written as ``summary.json``, CSV tables, PNG figures and
+``report.md`` (:mod:`svflow_jax.report`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..cli_types import positive_float, positive_int
+from . import runtime
+from .common import add_flow_options, add_run_options, flow_options, subcommand
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subcommand(
+        subparsers, "verify", help="the main job: check the paper's claim with numbers",
+        description="Runs every registered claim on a random SVFlow with a smooth theta(t) "
+        "(nothing downloaded): exactness of every block variant, orders of every method of the "
+        "solver catalogue and of the splittings, drift, Transformer stacks as depth grows. "
+        "Writes summary.json, CSV, PNG and report.md to --out.")
+    add_flow_options(p)
+    add_run_options(p, "verify")
+    p.add_argument("--layers", type=positive_int,
+                   help="depth of the Transformers of the exactness claims (default 8)")
+    p.add_argument("--step-scale", type=positive_float,
+                   help="multiply every sweep's step counts (default 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="small defaults (n=4, d=8, 4 layers, depths 16..64, 1 timing "
+                   "repeat, claims in parallel); explicit options still win")
+    p.add_argument("--jobs", type=positive_int,
+                   help="claims run at once, in threads (default 1; --quick: one per CPU "
+                   "core, which overlaps compilation but shares the machine between the "
+                   "claims' timings)")
+    p.add_argument("--only", nargs="+", metavar="PREFIX",
+                   help="run only the claims whose name starts with PREFIX")
+    p.add_argument("--list", action="store_true", help="list the claims and exit")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    options = flow_options(args, quick=args.quick)
+    from .. import claims as claims_mod
+
+    if args.list:
+        for c in claims_mod.select():
+            print(f"{c.name:<34} {c.statement}")
+        return runtime.EXIT_OK
+    try:
+        chosen = claims_mod.select(args.only)
+    except ValueError as err:
+        raise runtime.UsageError(str(err)) from None
+    out = Path(args.out or runtime.default_out("verify"))
+    args.out_folder = runtime.prepare_out(out, "verify", overwrite=args.overwrite)
+    cache = runtime.setup_jax(args)
+    from .. import report, verify
+    from ..reporting import display_path
+
+    with runtime.progress_bar("svflow verify", "claim", args.no_progress, len(chosen)) as (tick, _):
+        jobs = args.jobs or ((os.cpu_count() or 1) if args.quick else 1)
+        results, compile_info = verify.run(options, chosen, progress=tick, workers=jobs)
+    summary = verify.summary(results, options, compile_info,
+                             {"quick": args.quick, "only": args.only, "out": display_path(out),
+                              "compile_cache": cache is not None, "jobs": jobs,
+                              "xla_flags": os.environ.get("XLA_FLAGS", "")})
+    report.write_all(out, summary)
+    args.out_folder.finish()
+    _print(summary, out)
+    return runtime.EXIT_OK if summary["passed"] else runtime.EXIT_FAILED
+
+
+def _print(summary: dict, out: Path) -> None:
+    from ..report import headline, verdict
+
+    print(f"\n{'claim':<34} {'figure':<34} result")
+    for c in summary["claims"]:
+        print(f"{c['name']:<34} {headline(c):<34} {verdict(c['passed'])}")
+    comp = summary["compile"]
+    overall = "PASSED" if summary["passed"] else "FAILED"
+    print(f"\n{overall}: {len(summary['claims'])} claims in {comp['total_s']:.1f} s "
+          f"({comp['xla_compilations']} XLA compilations, {comp['cache_hits']} cached; "
+          f"{comp['compile_total_s']:.1f} of {comp['busy_s']:.1f} thread-seconds tracing and "
+          f"compiling); report: {out / 'report.md'}")
