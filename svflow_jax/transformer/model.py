@@ -46,6 +46,11 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from svflow_jax.transformer.config import TransformerConfig
+from svflow_jax.transformer.params import (
+    outer_norm_params,
+    set_layer_params,
+    set_outer_norm_params,
+)
 
 __all__ = [
     "Norm",
@@ -449,18 +454,12 @@ class Transformer(nnx.Module):
     ) -> Transformer:
         """A model whose weights are ``params`` (layout of ``layer_params``) and
         ``outer_params`` (layout of ``outer_norm_params``; ``None``: gains 1, biases 0)."""
-        from svflow_jax.transformer.params import (
-            _outer_vars,
-            set_layer_params,
-            set_outer_norm_params,
-        )
-
         model = cls.abstract(config)
         set_layer_params(model, params)
         if outer_params is None:
             outer_params = {  # the abstract model holds shapes only: read them, not values
                 name: (jnp.ones if name.endswith("_gain") else jnp.zeros)(a.shape, a.dtype)
-                for name, a in ((n, v.get_value()) for n, v in _outer_vars(model).items())
+                for name, a in outer_norm_params(model).items()
             }
         set_outer_norm_params(model, outer_params)
         return model
