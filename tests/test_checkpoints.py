@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -491,3 +492,205 @@ def test_gguf_llama3_rope_freqs(tmp_path):
     valid = g["attention_mask"].astype(bool)
     logits = np.asarray(model(jnp.asarray(g["input_ids"]), **inputs(g)))
     assert np.max(np.abs(logits[valid] - g["logits"][valid])) < TOL
+
+
+# ============================================================================================
+# Damaged and hostile files: every failure a CheckpointError naming the file or the field
+# ============================================================================================
+
+
+def _outcome(path: Path) -> str:
+    """``"loaded"``, or the CheckpointError's message; any other exception fails the test."""
+    try:
+        load(path)
+    except CheckpointError as err:
+        return str(err)
+    return "loaded"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.0001, 0.01, 0.1, 0.5, 0.9, 0.9999])
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_truncated_file(tmp_path, kind, fraction):
+    if kind == "gguf":
+        path = tmp_path / "cut.gguf"
+        data = GGUF_PATH.read_bytes()
+        target = path
+    else:
+        path, _, _ = _copy_folder(tmp_path, "qwen2")
+        target = path / "model.safetensors"
+        data = target.read_bytes()
+    target.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(CheckpointError, match=re.escape(str(target))):
+        load(path)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_bit_flipped_header(tmp_path, kind, seed):
+    """One flipped bit in the header (where names, shapes, offsets, counts and metadata are):
+    either refused with a CheckpointError naming the file (or folder), or, for a flip in a
+    value that changes nothing structural, loaded; never another exception."""
+    rng = np.random.default_rng(seed)
+    if kind == "gguf":
+        path = target = tmp_path / "flip.gguf"
+        data = bytearray(GGUF_PATH.read_bytes())
+        header_end = 4096  # metadata and tensor table of the golden GGUF
+    else:
+        path, _, _ = _copy_folder(tmp_path, "qwen2")
+        target = path / "model.safetensors"
+        data = bytearray(target.read_bytes())
+        header_end = 8 + int.from_bytes(data[:8], "little")
+    at = int(rng.integers(0, header_end))
+    data[at] ^= 1 << int(rng.integers(8))
+    target.write_bytes(bytes(data))
+    result = _outcome(path)
+    assert result == "loaded" or str(path) in result, (at, result)
+
+
+@pytest.mark.parametrize("field", [8, 16])  # GGUF v3: tensor count at byte 8, KV count at 16
+def test_gguf_flipped_count(tmp_path, field):
+    data = bytearray(GGUF_PATH.read_bytes())
+    data[field + 6] ^= 0x40  # a count of ~2^54
+    path = tmp_path / "count.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=re.escape(str(path))):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "match"),
+    [
+        ("model.safetensors", b"", "model.safetensors: unreadable safetensors header"),
+        ("config.json", b"", "config.json: unreadable JSON"),
+        ("config.json", b"[1, 2]", "config.json: expected a JSON object"),
+        ("tokenizer.json", b"", "tokenizer.json: unreadable tokenizer"),
+        ("tokenizer.json", b'{"model": 3}', "tokenizer.json: unreadable tokenizer"),
+        ("model.safetensors.index.json", b"{}", "index.json: no 'weight_map'"),
+    ],
+)
+def test_empty_or_garbage_file(tmp_path, file, content, match):
+    folder, _, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    (folder / file).write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        load(folder)
+
+
+def test_empty_gguf(tmp_path):
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=re.escape(f"{path}: unreadable GGUF")):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"hidden_size": None}, r"config\.json: missing key 'hidden_size'"),
+        ({"num_hidden_layers": 1e9}, r"config\.json: num_hidden_layers=1000000000 is outside"),
+        ({"vocab_size": 2**40}, r"config\.json: vocab_size=1099511627776 is outside"),
+        ({"num_attention_heads": 2.5}, r"num_attention_heads=2\.5 is not a whole number"),
+        ({"rms_norm_eps": "small"}, r"rms_norm_eps='small' is not a finite number"),
+        ({"num_attention_heads": 5}, r"config\.json: inconsistent configuration"),
+        ({"num_hidden_layers": 3}, r"missing tensors \['model\.layers\.2\."),
+    ],
+)
+def test_bad_config_values(tmp_path, edit, match):
+    """Missing keys, sizes out of bounds (refused before anything is allocated: the 10^9-layer
+    configuration fails in well under a second) and values of the wrong type."""
+    import time
+
+    folder, _, config = _copy_folder(tmp_path, "llama_gqa_tied")
+    config = {k: v for k, v in (config | edit).items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(folder)
+    assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nonfinite_embedding_row_is_refused_by_name(tmp_path, value):
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    tensors["model.embed_tokens.weight"][7, 3] = value
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'model\.embed_tokens\.weight' has 1 non-finite value\(s\) .* index "
+        r"\(7, 3\); pass allow_nonfinite=True",
+    ):
+        load_hf(folder)
+    with pytest.warns(RuntimeWarning, match=r"model\.embed_tokens\.weight.*loaded anyway"):
+        model = load_hf(folder, allow_nonfinite=True).model
+    embed = np.asarray(embedding_params(model)["embed"])
+    assert not np.isfinite(embed[7, 3]) and np.isfinite(np.delete(embed, 7, axis=0)).all()
+
+
+def test_nonfinite_gguf_tensor_is_refused_by_name(tmp_path):
+    path = tmp_path / "nan.gguf"
+    reader = gguf.GGUFReader(str(GGUF_PATH))
+    offset = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight").data_offset
+    data = bytearray(GGUF_PATH.read_bytes())
+    data[offset: offset + 4] = np.float32(np.nan).tobytes()  # F32 tensor: its first element
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"nan\.gguf: tensor 'blk\.1\.ffn_down\.weight'"):
+        load(path)
+
+
+def test_cli_inspect_exits_2_on_a_damaged_checkpoint(tmp_path, capsys):
+    from svflow_jax.cli import main
+
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(GGUF_PATH.read_bytes()[:1000])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(path), "--quick", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"{path}: unreadable GGUF header" in capsys.readouterr().err
+
+
+# ============================================================================================
+# Specs: one source to several targets, several sources to one
+# ============================================================================================
+
+
+def test_fused_and_split_specs_load_like_separate_tensors(tmp_path):
+    """The llama golden model rewritten with each layer's Q, K, V fused into one tensor
+    (GPT-NeoX/Phi-3 style) and each embedding row block split in two files' worth of tensors;
+    specs mapping one source to three targets, and two sources to one, give the same
+    parameters as the plain folder."""
+    from svflow_jax.checkpoints import FAMILIES, Spec
+    from svflow_jax.checkpoints.base import convert
+    from svflow_jax.checkpoints.hf import SafetensorsFolder
+    from svflow_jax.checkpoints.specs import in_heads
+
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    model, cfg, _ = loaded("llama_gqa_tied")
+    H, G, dk, d, V = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model, cfg.vocab_size
+    p = "model.layers.{i}.self_attn."
+    for i in range(cfg.n_layers):
+        parts = [tensors.pop(p.format(i=i) + f"{x}_proj.weight") for x in "qkv"]
+        tensors[p.format(i=i) + "qkv_proj.weight"] = np.concatenate(parts)
+    embed = tensors.pop("model.embed_tokens.weight")
+    tensors["embed.a"], tensors["embed.b"] = embed[: V // 2], embed[V // 2:]
+    save_file(tensors, folder / "model.safetensors")
+
+    def qkv(w):
+        q, k, v = np.split(w, [H * dk, (H + G) * dk])
+        return in_heads(H, dk)(q), in_heads(G, dk)(k), in_heads(G, dk)(v)
+
+    specs = [
+        s for s in FAMILIES["llama"].specs(cfg, "llama")
+        if not set(s.targets) & {"wq", "wk", "wv", "embed"}
+    ]
+    specs += [Spec(p.format(i=i) + "qkv_proj.weight", ((H + 2 * G) * dk, d),
+                   ("wq", "wk", "wv"), i, qkv) for i in range(cfg.n_layers)]
+    specs.append(Spec(("embed.a", "embed.b"), ((V // 2, d), (V - V // 2, d)), "embed",
+                      None, lambda a, b: np.concatenate([a, b])))
+    source = SafetensorsFolder(folder)
+    layer, outer, emb = convert(specs, source, set(), jnp.float32)
+    ref = layer_params(model.transformer)
+    for name in ("wq", "wk", "wv", "w_up"):
+        np.testing.assert_array_equal(layer[name], np.asarray(ref[name]), err_msg=name)
+    np.testing.assert_array_equal(emb["embed"], np.asarray(embedding_params(model)["embed"]))
+    np.testing.assert_array_equal(
+        outer["final_norm_gain"], np.asarray(outer_norm_params(model.transformer)[
+            "final_norm_gain"]))

@@ -197,8 +197,8 @@ def _check_finite(name: str, value: np.ndarray, where: str, allow: bool) -> None
     if not bad.any():
         return
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    message = (f"{where}: tensor {name!r} has {int(bad.sum())} non-finite value(s) (NaN or inf; "
-               f"the first at index {first})")
+    message = (f"{where}: tensor {name!r} has {int(bad.sum())} non-finite value(s) (NaN or inf), "
+               f"the first at index {first}")
     if not allow:
         raise CheckpointError(message + "; pass allow_nonfinite=True to load it anyway")
     warnings.warn(message + " (loaded anyway: allow_nonfinite=True)", RuntimeWarning,
