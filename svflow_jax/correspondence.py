@@ -140,6 +140,10 @@ def check_supported(config: TransformerConfig) -> None:
     if config.norm_position == "post" and config.norm_eps != 0:
         problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
                         "the Norm is not the retraction onto the sphere)")
+    default = "gelu" if config.expert_kind == "gelu" else "silu"
+    if config.ffn_activation != default:
+        problems.append(f"activation={config.ffn_activation!r} (the flow's score networks have "
+                        f"the {config.expert_kind} FFN's own {default!r} only)")
     if problems:
         raise ValueError("this Transformer is not an SVFlow discretisation: " + "; ".join(problems))
 

@@ -252,12 +252,16 @@ class Attention(nnx.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def _gelu(x: Array) -> Array:
-    return jax.nn.gelu(x, approximate=False)  # exact erf GELU
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact, erf
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+}
 
 
 class FFN(nnx.Module):
-    """Position-wise FFN, ``W_out gelu(W_in x)`` or ``W_down (silu(W_gate x) * W_up x)``.
+    """Position-wise FFN, ``W_out phi(W_in x)`` or ``W_down (phi(W_gate x) * W_up x)``, with
+    ``phi = config.ffn_activation`` (exact GELU and SiLU by default).
 
     With ``n_experts = E`` every weight gets a leading expert axis (``(E, d, f)``, ...) and the
     call returns all expert outputs ``(..., E, d)``; ``MoE`` mixes them.
@@ -269,6 +273,7 @@ class FFN(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, n_experts: int | None = None):
         self.kind = config.expert_kind
+        self.activation = config.ffn_activation
         self.experts = n_experts is not None
         E = () if n_experts is None else (n_experts,)
         d, f = config.d_model, config.d_ff
@@ -296,12 +301,13 @@ class FFN(nnx.Module):
         return y if b is None else y + _get(b, x)
 
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        phi = _ACTIVATIONS[self.activation]
         if self.kind == "gelu":
-            hidden = _gelu(self._linear(x, self.w_in, self.b_in, into=True))
+            hidden = phi(self._linear(x, self.w_in, self.b_in, into=True))
             return self._linear(hidden, self.w_out, self.b_out, into=False)
         gate = self._linear(x, self.w_gate, self.b_gate, into=True)
         up = self._linear(x, self.w_up, self.b_up, into=True)
-        return self._linear(jax.nn.silu(gate) * up, self.w_down, self.b_down, into=False)
+        return self._linear(phi(gate) * up, self.w_down, self.b_down, into=False)
 
 
 class MoE(nnx.Module):
@@ -550,8 +556,11 @@ class TransformerLM(nnx.Module):
         token_types: Int[Array, "... n"] | None = None,
         positions: Int[Array, "... n"] | None = None,
     ) -> Float[Array, "... n d"]:
-        """The stack's input: sum of the token, position and token-type embeddings."""
+        """The stack's input: sum of the token (times ``embed_scale``), position and token-type
+        embeddings."""
         x = jnp.take(self.embed[...], tokens, axis=0)
+        if self.config.embed_scale != 1.0:
+            x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.pos_embed is not None:
             pos = jnp.arange(x.shape[-2]) if positions is None else positions
             x = x + jnp.take(self.pos_embed[...], pos, axis=0)
