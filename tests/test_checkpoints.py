@@ -38,6 +38,7 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
+NEW_FAMILIES = ["gpt2"]  # written by make_golden.py with transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 
 _CACHE: dict[str, object] = {}
@@ -82,7 +83,7 @@ def our_outputs(name: str) -> tuple[np.ndarray, np.ndarray]:
 # ============================================================================================
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, "gguf"])
+@pytest.mark.parametrize("name", [*FAMILIES, "gguf", *NEW_FAMILIES])
 def test_matches_transformers(name):
     g = golden(name)
     valid = g["attention_mask"].astype(bool)
@@ -694,3 +695,28 @@ def test_fused_and_split_specs_load_like_separate_tensors(tmp_path):
     np.testing.assert_array_equal(
         outer["final_norm_gain"], np.asarray(outer_norm_params(model.transformer)[
             "final_norm_gain"]))
+
+
+# ============================================================================================
+# Families added through one spec module each
+# ============================================================================================
+
+
+def test_gpt2_config_and_old_style_names(tmp_path):
+    """GPT-2: pre-LayerNorm with biases, learned positions, tanh GELU, tied head; a file saved
+    from ``GPT2Model`` (no ``transformer.`` prefix, causal-mask buffers) loads the same."""
+    from svflow_jax.correspondence import check_supported
+
+    model, cfg, _ = loaded("gpt2")
+    assert (cfg.norm, cfg.norm_position, cfg.has_norm_bias) == ("layer", "pre", True)
+    assert (cfg.n_positions, cfg.ffn_activation, cfg.tie_embeddings) == (64, "gelu_tanh", True)
+    with pytest.raises(ValueError, match="norm='layer'"):
+        check_supported(cfg)  # LayerNorm: not a sphere flow (docs/theory.md)
+    folder, tensors, _ = _copy_folder(tmp_path, "gpt2")
+    old = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    old["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))
+    save_file(old, folder / "model.safetensors")
+    again = load_hf(folder).model
+    for k, v in layer_params(again.transformer).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(
+            layer_params(model.transformer)[k]), err_msg=k)
