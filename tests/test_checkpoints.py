@@ -38,7 +38,7 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
-NEW_FAMILIES = ["gpt2"]  # written by make_golden.py with transformers 5.25.0
+NEW_FAMILIES = ["gpt2", "phi3"]  # written by make_golden.py with transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 
 _CACHE: dict[str, object] = {}
@@ -399,6 +399,9 @@ def test_shape_mismatch(tmp_path):
         ("bert", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("llama_gqa_tied", {"partial_rotary_factor": 0.5}, "partial"),
+        ("phi3", {"sliding_window": 2047}, "sliding-window"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         "unsupported rope_type 'longrope'"),
     ],
 )
 def test_unsupported_config(tmp_path, name, edit, match):
@@ -720,3 +723,18 @@ def test_gpt2_config_and_old_style_names(tmp_path):
     for k, v in layer_params(again.transformer).items():
         np.testing.assert_array_equal(np.asarray(v), np.asarray(
             layer_params(model.transformer)[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["phi3"])
+def test_to_flow_is_exact_in_float64(name):
+    """A pre-RMSNorm family converted by ``to_flow`` reproduces every hidden state of its first
+    (unpadded) golden sequence to <= 1e-12 in float64 (states of size O(1-10))."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    tokens = g["input_ids"][0][g["attention_mask"][0].astype(bool)]
+    result = inspection.exactness(loaded(name), tokens)
+    assert result.passed is True
+    assert result.figures["max_abs_diff_float64"] <= 1e-12, result.figures
+    assert result.figures["relative_float64"] <= 1e-12, result.figures
+    assert result.figures["scale"] > 1.0
