@@ -313,6 +313,10 @@ def make_new_families(bpe: Tokenizer) -> Iterator[tuple[str, Any, dict[str, np.n
                       max_position_embeddings=128, rope_parameters=rope,
                       tie_word_embeddings=True, **common)
     model = build(GemmaForCausalLM, cfg, 8)
+    with torch.no_grad():  # Gemma applies 1 + w: store w so that the gains are 1 + 0.1 N(0,1)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.sub_(1.0)
     ids, mask = batch(bpe, pad, left=False)
     yield "gemma", model, run(model, ids, mask)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -38,7 +39,7 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
-NEW_FAMILIES = ["gpt2", "phi3"]  # written by make_golden.py with transformers 5.25.0
+NEW_FAMILIES = ["gpt2", "phi3", "gemma"]  # written by make_golden.py with transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 
 _CACHE: dict[str, object] = {}
@@ -400,6 +401,10 @@ def test_shape_mismatch(tmp_path):
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("llama_gqa_tied", {"partial_rotary_factor": 0.5}, "partial"),
         ("phi3", {"sliding_window": 2047}, "sliding-window"),
+        ("gemma", {"model_type": "gemma2"}, "model_type 'gemma2' is not supported: Gemma 2 has "
+         "logit soft-capping"),
+        ("gemma", {"model_type": "gemma3_text"}, "per-head query/key RMSNorm"),
+        ("gemma", {"hidden_activation": "relu"}, "hidden_activation='relu'"),
         ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
          "unsupported rope_type 'longrope'"),
     ],
@@ -738,3 +743,19 @@ def test_to_flow_is_exact_in_float64(name):
     assert result.figures["max_abs_diff_float64"] <= 1e-12, result.figures
     assert result.figures["relative_float64"] <= 1e-12, result.figures
     assert result.figures["scale"] > 1.0
+
+
+def test_gemma_gains_embedding_scale_and_geglu():
+    """Gemma's stored RMSNorm weights w act as 1 + w, its embeddings are scaled by sqrt(d) and
+    its MLP is GeGLU; to_flow refuses it (the flow's score networks have SiLU gates only)."""
+    from svflow_jax.correspondence import check_supported
+
+    model, cfg, _ = loaded("gemma")
+    stored = load_file(GOLDEN / "gemma" / "model.safetensors")
+    np.testing.assert_array_equal(
+        np.asarray(layer_params(model.transformer)["norm_ffn_gain"][1]),
+        1 + stored["model.layers.1.post_attention_layernorm.weight"])
+    assert cfg.embed_scale == math.sqrt(32) and cfg.ffn_activation == "gelu_tanh"
+    assert (cfg.d_head, cfg.kv_heads, cfg.tie_embeddings) == (16, 1, True)
+    with pytest.raises(ValueError, match="activation='gelu_tanh'"):
+        check_supported(cfg)

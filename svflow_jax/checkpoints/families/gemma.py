@@ -1,0 +1,98 @@
+"""Gemma (the first generation): a Llama-style decoder with three differences.
+
+* RMSNorm gains are stored as ``w`` and applied as ``1 + w``: every Norm gain is converted to
+  ``1 + w`` at load time (in the parameter dtype, as Gemma computes it in float32).
+* The token embeddings are multiplied by ``sqrt(d)`` before the first layer
+  (``TransformerConfig.embed_scale``); the tied LM head uses the unscaled embedding.
+* The MLP is GeGLU: ``down(gelu_tanh(gate(x)) * up(x))`` (``activation="gelu_tanh"``).
+
+Tensor names are Llama's (:mod:`.llama`); ``head_dim`` is explicit (256 in the released
+models, not ``hidden / heads``) and the head is always tied.
+
+Refused by name: Gemma 2 (logit soft-capping of attention and output, a Norm after each branch
+as well as before it, alternating sliding-window layers, ``query_pre_attn_scalar``) and Gemma 3
+(also per-head query/key RMSNorm with Gemma's ``1 + w`` gains and separate RoPE bases for local
+and global layers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from svflow_jax.checkpoints.base import ConfigReader, Spec, make_config
+from svflow_jax.checkpoints.families import Family, llama
+from svflow_jax.transformer import TransformerConfig
+
+_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+_GEMMA2 = ("logit soft-capping (attn_logit_softcapping, final_logit_softcapping), a Norm after "
+           "each branch as well as before it, alternating sliding-window layers and "
+           "query_pre_attn_scalar")
+_REFUSED = {
+    "gemma2": "Gemma 2 has " + _GEMMA2,
+    "gemma3": "Gemma 3 has " + _GEMMA2 + ", per-head query/key RMSNorm and separate RoPE "
+              "bases for local and global layers",
+    "gemma3_text": "Gemma 3 has " + _GEMMA2 + ", per-head query/key RMSNorm and separate RoPE "
+                   "bases for local and global layers",
+}
+
+
+def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in _ACTIVATIONS:
+        raise hf.error(f"hidden_activation={act!r} is not supported for gemma "
+                       f"(supported: {', '.join(_ACTIVATIONS)})")
+    if hf.get("use_bidirectional_attention"):
+        raise hf.error("use_bidirectional_attention=true is not supported")
+    d, H = hf.int("hidden_size", kind="width"), hf.int("num_attention_heads", kind="heads")
+    bias = bool(hf.get("attention_bias", False))
+    return make_config(
+        hf.where,
+        d_model=d,
+        n_layers=hf.int("num_hidden_layers", kind="layers"),
+        n_heads=H,
+        d_head=hf.int("head_dim", d // H, kind="width"),
+        n_kv_heads=hf.int("num_key_value_heads", H, kind="heads"),
+        d_ff=hf.int("intermediate_size", kind="width"),
+        vocab_size=hf.int("vocab_size", kind="vocab"),
+        residual_scale=1.0,
+        norm_gain=True,
+        block="sequential",
+        norm_position="pre",
+        norm="rms",
+        norm_eps=hf.float("rms_norm_eps", 1e-6),
+        final_norm=True,
+        causal=True,
+        ffn="swiglu",
+        activation=_ACTIVATIONS[act],
+        qkv_bias=bias,
+        out_bias=bias,
+        ffn_bias=False,
+        rope=llama.rope_from_hf(hf, 10000.0),
+        tie_embeddings=True,
+        embed_scale=math.sqrt(d),
+        lm_head=True,
+        param_dtype=dtype,
+    )
+
+
+def _one_plus(w: Any) -> Any:
+    return 1 + w
+
+
+def specs(cfg: TransformerConfig, model_type: str) -> list[Spec]:
+    return [
+        dataclasses.replace(s, convert=_one_plus) if s.targets[0].endswith("_gain") else s
+        for s in llama.specs(cfg, model_type)
+    ]
+
+
+FAMILY = Family(
+    model_types=("gemma",),
+    config=config,
+    specs=specs,
+    ignore=lambda name: name.endswith("rotary_emb.inv_freq"),
+    tied_head=("lm_head.weight", llama.NAMES["embed"]),
+    refused=_REFUSED,
+)
