@@ -38,10 +38,13 @@ The models:
 * ``gpt2``: GPT-2 (pre-LayerNorm with biases, learned positions, fused ``c_attn``, tanh GELU,
   tied), left padding with explicit ``position_ids``. Written with transformers 5.25.0.
 * ``phi3``: Phi-3 (fused ``qkv_proj`` and ``gate_up_proj``, GQA, separate head). 5.25.0.
+* ``gpt_neox``: GPT-NeoX/Pythia (parallel attention and MLP, each behind its own LayerNorm,
+  partial rotary embeddings on half of each head, fused per-head ``query_key_value``, exact
+  GELU, separate head), left padding with ``position_ids``. 5.25.0.
 * ``gemma``: Gemma 1 (``(1 + w)`` RMSNorm gains, ``sqrt(d)`` embedding scale, GeGLU with tanh
   GELU, MQA, ``head_dim`` != hidden / heads, tied). 5.25.0.
 
-``python experiments/make_golden.py gpt2 phi3`` writes only the named ones of the last three.
+``python experiments/make_golden.py gpt2 phi3`` writes only the named ones of the last four.
 """
 
 from __future__ import annotations
@@ -264,7 +267,7 @@ def make_decoders(bpe: Tokenizer) -> None:
 
 
 def make_new_families(bpe: Tokenizer) -> Iterator[tuple[str, Any, dict[str, np.ndarray]]]:
-    """GPT-2, Phi-3 and Gemma (1): each written only when named on the command line."""
+    """GPT-2, Phi-3, Gemma (1) and GPT-NeoX."""
     from transformers import (
         GemmaConfig,
         GemmaForCausalLM,
@@ -319,6 +322,21 @@ def make_new_families(bpe: Tokenizer) -> Iterator[tuple[str, Any, dict[str, np.n
                 p.sub_(1.0)
     ids, mask = batch(bpe, pad, left=False)
     yield "gemma", model, run(model, ids, mask)
+
+    # GPT-NeoX (Pythia): parallel attention and MLP with a LayerNorm each, partial rotary
+    # embeddings (half of each head), fused per-head query_key_value, exact GELU, separate
+    # head; left padding with explicit position_ids.
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    cfg = GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, hidden_act="gelu", rotary_pct=0.5,
+                        rope_parameters=rope, max_position_embeddings=128,
+                        layer_norm_eps=1e-5, use_parallel_residual=True,
+                        tie_word_embeddings=False, **common)
+    model = build(GPTNeoXForCausalLM, cfg, 9)
+    ids, mask = batch(bpe, pad, left=True)
+    yield "gpt_neox", model, run(model, ids, mask, position_ids=left_positions(mask))
 
 
 def make_bert(wp: Tokenizer) -> None:
@@ -434,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("only", nargs="*", help="write only these families (gpt2, phi3, gemma)")
+    parser.add_argument("only", nargs="*",
+                        help="write only these families (gpt2, phi3, gemma, gpt_neox)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     np.random.seed(0)

@@ -140,6 +140,9 @@ def check_supported(config: TransformerConfig) -> None:
     if config.norm_position == "post" and config.norm_eps != 0:
         problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
                         "the Norm is not the retraction onto the sphere)")
+    if config.rope is not None and config.rope.rotary_dim not in (None, config.d_head):
+        problems.append(f"rope rotary_dim={config.rope.rotary_dim} < d_head={config.d_head} "
+                        "(partial rotary embeddings: the flow's kernel rotates whole heads)")
     default = "gelu" if config.expert_kind == "gelu" else "silu"
     if config.ffn_activation != default:
         problems.append(f"activation={config.ffn_activation!r} (the flow's score networks have "

@@ -39,7 +39,7 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
-NEW_FAMILIES = ["gpt2", "phi3", "gemma"]  # written by make_golden.py with transformers 5.25.0
+NEW_FAMILIES = ["gpt2", "gpt_neox", "phi3", "gemma"]  # make_golden.py, transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 
 _CACHE: dict[str, object] = {}
@@ -401,6 +401,10 @@ def test_shape_mismatch(tmp_path):
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("llama_gqa_tied", {"partial_rotary_factor": 0.5}, "partial"),
         ("phi3", {"sliding_window": 2047}, "sliding-window"),
+        ("gpt_neox", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+         "unsupported rope_type 'dynamic' for gpt_neox"),
+        ("gpt_neox", {"rope_parameters": {"partial_rotary_factor": 0.1}},
+         "gives 0 rotary coordinates of 8"),
         ("gemma", {"model_type": "gemma2"}, "model_type 'gemma2' is not supported: Gemma 2 has "
          "logit soft-capping"),
         ("gemma", {"model_type": "gemma3_text"}, "per-head query/key RMSNorm"),
@@ -759,3 +763,24 @@ def test_gemma_gains_embedding_scale_and_geglu():
     assert (cfg.d_head, cfg.kv_heads, cfg.tie_embeddings) == (16, 1, True)
     with pytest.raises(ValueError, match="activation='gelu_tanh'"):
         check_supported(cfg)
+
+
+def test_gpt_neox_parallel_block_with_folded_layernorms():
+    """Pythia's two LayerNorms per layer: one parameter-free Norm in the parallel block, the
+    gains and biases folded into Q/K/V and W_in (checked against the stored tensors in
+    float64), RoPE on half of each head."""
+    model, cfg, _ = load_hf(GOLDEN / "gpt_neox", dtype=jnp.float64)
+    assert (cfg.block, cfg.norm, cfg.rope.rotary_dim, cfg.d_head) == ("parallel", "layer", 4, 8)
+    stored = load_file(GOLDEN / "gpt_neox" / "model.safetensors")
+    p = "gpt_neox.layers.1."
+    params = layer_params(model.transformer)
+    np.testing.assert_array_equal(np.asarray(params["norm_gain"]), 1.0)
+    np.testing.assert_array_equal(np.asarray(params["norm_bias"]), 0.0)
+    w = stored[p + "attention.query_key_value.weight"].astype(np.float64).reshape(4, 3, 8, 32)
+    g1 = stored[p + "input_layernorm.weight"].astype(np.float64)
+    b1 = stored[p + "input_layernorm.bias"].astype(np.float64)
+    k_rows = w[:, 1]  # (H, dk, d): per head, Q then K then V
+    np.testing.assert_allclose(np.asarray(params["wk"][1]),
+                               (g1[None, None, :] * k_rows).transpose(2, 0, 1), rtol=1e-15)
+    bk = stored[p + "attention.query_key_value.bias"].astype(np.float64).reshape(4, 3, 8)[:, 1]
+    np.testing.assert_allclose(np.asarray(params["bk"][1]), bk + k_rows @ b1, rtol=1e-12)

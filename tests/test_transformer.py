@@ -975,3 +975,25 @@ def test_params_module_does_not_import_the_model_at_run_time():
         if isinstance(node, ast.ImportFrom) and node.module
     ]
     assert "svflow_jax.transformer.model" not in runtime
+
+
+def test_partial_rotary_embedding_by_direct_computation():
+    """``RoPE(rotary_dim=r)`` (GPT-NeoX) rotates the pairs ``(i, i + r/2)``, ``i < r/2``, by
+    ``p theta^(-2i/r)`` and leaves coordinates ``r..k-1`` as they are."""
+    k, r, theta = 8, 4, 100.0
+    rope = RoPE(theta=theta, rotary_dim=r)
+    x = np.random.default_rng(1).normal(size=(3, 2, k))  # (n, heads, k)
+    pos = np.array([0, 1, 5])
+    out = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(pos), rope.inv_freq(k)))
+    expect = x.copy()
+    for i in range(r // 2):
+        angle = pos[:, None] * theta ** (-2 * i / r)
+        a, b = x[..., i], x[..., i + r // 2]
+        expect[..., i] = a * np.cos(angle) - b * np.sin(angle)
+        expect[..., i + r // 2] = b * np.cos(angle) + a * np.sin(angle)
+    np.testing.assert_allclose(out, expect, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(out[..., r:], x[..., r:])
+    with pytest.raises(ValueError, match="rotary_dim=10 exceeds d_head=8"):
+        TransformerConfig(**(BASE | {"d_head": 8}), rope=RoPE(rotary_dim=10))
+    with pytest.raises(ValueError, match="rotary_dim must be even"):
+        RoPE(rotary_dim=3)

@@ -139,8 +139,9 @@ class Spec:
     """Source tensors (names and NumPy-order shapes in the file) -> target arrays.
 
     ``sources``/``targets`` may be one name or a tuple; with one source, ``shapes`` is its
-    shape, otherwise a tuple of shapes. ``convert(*arrays)`` returns one array per target (a
-    bare array when there is one target). ``layer`` is the layer index of per-layer targets
+    shape, otherwise a tuple of shapes (no sources: a constant, such as the unit gains of a
+    Norm whose gains were folded elsewhere). ``convert(*arrays)`` returns one array per target
+    (a bare array when there is one target). ``layer`` is the layer index of per-layer targets
     (stacked along a leading axis by :func:`convert`), ``None`` for the embeddings, LM head and
     the stack's own Norm.
     """
@@ -242,7 +243,7 @@ def convert(
             _check_finite(name, value, where, allow_nonfinite)
             arrays.append(value)
         for target, value in zip(s.targets, s.apply(*arrays), strict=True):
-            value = np.ascontiguousarray(value)
+            value = np.ascontiguousarray(value, dtype=np_dtype)  # a fold may compute in f64
             if s.layer is not None:
                 groups["layer"].setdefault(target, {})[s.layer] = value
             else:

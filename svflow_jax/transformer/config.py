@@ -60,6 +60,11 @@ class RoPE:
     are divided by ``factor``, and those in between interpolate smoothly.
     ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor), if given, divides the frequencies
     afterwards, one factor per pair.
+
+    ``rotary_dim`` (even, ``<= dk``; GPT-NeoX's partial rotary embeddings) rotates only the
+    first ``rotary_dim`` coordinates of each head, rotate-half within them (pairs ``(i, i +
+    rotary_dim/2)``, ``inv_freq[i] = theta^(-2i/rotary_dim)``); the others pass unrotated.
+    ``None``: all ``dk``.
     """
 
     theta: float = 10000.0
@@ -69,8 +74,13 @@ class RoPE:
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
     freq_factors: tuple[float, ...] | None = None
+    rotary_dim: int | None = None
 
     def __post_init__(self) -> None:
+        if self.rotary_dim is not None:
+            _check_positive_int("rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2:
+                raise ValueError(f"rope rotary_dim must be even, got {self.rotary_dim}")
         if not _is_real(self.theta) or not self.theta > 0:
             raise ValueError(f"rope theta must be a float > 0, got {self.theta!r}")
         _check_choice("rope_type", self.rope_type, ("default", "llama3"))
@@ -98,7 +108,12 @@ class RoPE:
             object.__setattr__(self, "freq_factors", tuple(float(f) for f in self.freq_factors))
 
     def inv_freq(self, d_head: int) -> np.ndarray:
-        """The ``d_head // 2`` angular frequencies (float64 NumPy, computed once per config)."""
+        """The ``rotary_dim // 2`` (default ``d_head // 2``) angular frequencies (float64
+        NumPy, computed once per config)."""
+        if self.rotary_dim is not None:
+            if self.rotary_dim > d_head:
+                raise ValueError(f"rope rotary_dim={self.rotary_dim} exceeds d_head={d_head}")
+            d_head = self.rotary_dim
         inv = self.theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
         if self.rope_type == "llama3":
             factor, lo, hi = self.factor, self.low_freq_factor, self.high_freq_factor

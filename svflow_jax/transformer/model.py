@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
@@ -135,16 +136,18 @@ class Norm(nnx.Module):
 def apply_rope(
     x: Float[Array, "... n h k"], positions: Array, inv_freq: Array
 ) -> Float[Array, "... n h k"]:
-    """Rotate-half RoPE: the pair ``(x_i, x_{i+k/2})`` is rotated by ``positions * inv_freq[i]``.
+    """Rotate-half RoPE: the pair ``(x_i, x_{i+r/2})`` is rotated by ``positions * inv_freq[i]``.
 
     ``positions`` broadcasts against the leading axes ``(..., n)`` of ``x``; ``inv_freq`` has
-    ``k // 2`` entries (see :meth:`RoPE.inv_freq`).
+    ``r // 2`` entries (see :meth:`RoPE.inv_freq`): ``r = k`` rotates the whole head; ``r < k``
+    (partial rotary embeddings) rotates the first ``r`` coordinates and passes the others.
     """
-    half = x.shape[-1] // 2
+    half = np.shape(inv_freq)[-1]
+    rotated, passed = x[..., : 2 * half], x[..., 2 * half:]
     angles = jnp.asarray(positions)[..., None].astype(x.dtype) * jnp.asarray(inv_freq, x.dtype)
-    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., n, 1, k/2)
-    x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., n, 1, r/2)
+    x1, x2 = rotated[..., :half], rotated[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, passed], axis=-1)
 
 
 def _rms(x: Array, eps: float) -> Array:
