@@ -1,7 +1,11 @@
-"""Deprecated alias of :mod:`svflow_jax.checkpoints.packaged` (the same module object)."""
+"""Deprecated alias of :mod:`svflow_jax.checkpoints.packaged`: importing it gives that very
+module (so that setting its attributes, as tests do, reaches the code that reads them)."""
 
 import sys
 
 from svflow_jax.checkpoints import packaged as _packaged
+from svflow_jax.checkpoints.packaged import MODELS, PackagedModel, fetch, models_dir
+
+__all__ = ["PackagedModel", "MODELS", "models_dir", "fetch"]
 
 sys.modules[__name__] = _packaged
