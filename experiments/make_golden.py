@@ -149,6 +149,19 @@ def redraw(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(noise / np.sqrt(p.shape[-1]))
 
 
+def build(cls, config, seed: int):
+    """A model of class ``cls`` with every parameter redrawn (seeded), its head tied when the
+    configuration says so."""
+    torch.manual_seed(seed)
+    model = cls(config)
+    redraw(model, seed)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        head = model.get_output_embeddings().weight
+        assert head is model.get_input_embeddings().weight
+    return model
+
+
 def run(model, ids, mask, **extra) -> dict[str, np.ndarray]:
     model.eval()
     kwargs = {k: torch.as_tensor(v) for k, v in extra.items()}
@@ -206,14 +219,6 @@ def make_decoders(bpe: Tokenizer) -> None:
         eos_token_id=eos, attn_implementation="eager",
     )
 
-    def build(cls, config, seed):
-        torch.manual_seed(seed)
-        model = cls(config)
-        redraw(model, seed)
-        if config.tie_word_embeddings:
-            model.tie_weights()
-            assert model.lm_head.weight is model.model.embed_tokens.weight
-        return model
 
     # 1. Llama, GQA, tied embeddings, default RoPE, right padding.
     rope = {"rope_type": "default", "rope_theta": 10000.0}
@@ -281,13 +286,6 @@ def make_new_families(bpe: Tokenizer) -> Iterator[tuple[str, Any, dict[str, np.n
     common = dict(vocab_size=320, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos,
                   attn_implementation="eager")
 
-    def build(cls, config, seed):
-        torch.manual_seed(seed)
-        model = cls(config)
-        redraw(model, seed)
-        if config.tie_word_embeddings:
-            model.tie_weights()
-        return model
 
     # GPT-2: pre-LayerNorm (biases), learned positions, fused c_attn (Conv1D, (in, out)),
     # tanh GELU, tied head; left padding with explicit position_ids.

@@ -264,6 +264,18 @@ def build(config: TransformerConfig, layer: dict, outer: dict, embed: dict) -> T
     return model
 
 
+def hf_sizes(hf: ConfigReader) -> dict[str, int]:
+    """``d_model``, ``n_layers``, ``n_heads``, ``d_ff``, ``vocab_size`` from the usual
+    ``config.json`` keys (``hidden_size``, ``num_hidden_layers``, ...), each bounded."""
+    return dict(
+        d_model=hf.int("hidden_size", kind="width"),
+        n_layers=hf.int("num_hidden_layers", kind="layers"),
+        n_heads=hf.int("num_attention_heads", kind="heads"),
+        d_ff=hf.int("intermediate_size", kind="width"),
+        vocab_size=hf.int("vocab_size", kind="vocab"),
+    )
+
+
 def make_config(where: str, **fields: Any) -> TransformerConfig:
     """``TransformerConfig(**fields)``; its own validation errors name ``where``."""
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from svflow_jax.checkpoints.base import ConfigReader, Spec, make_config
+from svflow_jax.checkpoints.base import ConfigReader, Spec, hf_sizes, make_config
 from svflow_jax.checkpoints.families import Family
 from svflow_jax.checkpoints.specs import embedding_specs, layer_specs, norm_specs
 from svflow_jax.transformer import TransformerConfig
@@ -26,18 +26,11 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
         raise hf.error(f"position_embedding_type={position!r} is not supported")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise hf.error("bert as a decoder / with cross-attention is not supported")
-    d, H = hf.int("hidden_size", kind="width"), hf.int("num_attention_heads", kind="heads")
+    sizes = hf_sizes(hf)
     return make_config(
         hf.where,
-        d_model=d,
-        n_layers=hf.int("num_hidden_layers", kind="layers"),
-        n_heads=H,
-        d_head=d // H,
-        d_ff=hf.int("intermediate_size", kind="width"),
-        vocab_size=hf.int("vocab_size", kind="vocab"),
-        residual_scale=1.0,
-        norm_gain=True,
-        block="sequential",
+        **sizes,
+        d_head=sizes["d_model"] // sizes["n_heads"],
         param_dtype=dtype,
         norm_position="post",
         norm="layer",

@@ -21,7 +21,7 @@ import dataclasses
 import math
 from typing import Any
 
-from svflow_jax.checkpoints.base import ConfigReader, Spec, make_config
+from svflow_jax.checkpoints.base import ConfigReader, Spec
 from svflow_jax.checkpoints.families import Family, llama
 from svflow_jax.transformer import TransformerConfig
 
@@ -45,35 +45,15 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
                        f"(supported: {', '.join(_ACTIVATIONS)})")
     if hf.get("use_bidirectional_attention"):
         raise hf.error("use_bidirectional_attention=true is not supported")
-    d, H = hf.int("hidden_size", kind="width"), hf.int("num_attention_heads", kind="heads")
     bias = bool(hf.get("attention_bias", False))
-    return make_config(
-        hf.where,
-        d_model=d,
-        n_layers=hf.int("num_hidden_layers", kind="layers"),
-        n_heads=H,
-        d_head=hf.int("head_dim", d // H, kind="width"),
-        n_kv_heads=hf.int("num_key_value_heads", H, kind="heads"),
-        d_ff=hf.int("intermediate_size", kind="width"),
-        vocab_size=hf.int("vocab_size", kind="vocab"),
-        residual_scale=1.0,
-        norm_gain=True,
-        block="sequential",
-        norm_position="pre",
-        norm="rms",
-        norm_eps=hf.float("rms_norm_eps", 1e-6),
-        final_norm=True,
-        causal=True,
-        ffn="swiglu",
+    return llama.decoder(
+        hf, dtype,
         activation=_ACTIVATIONS[act],
         qkv_bias=bias,
         out_bias=bias,
         ffn_bias=False,
-        rope=llama.rope_from_hf(hf, 10000.0),
         tie_embeddings=True,
-        embed_scale=math.sqrt(d),
-        lm_head=True,
-        param_dtype=dtype,
+        embed_scale=math.sqrt(hf.int("hidden_size", kind="width")),
     )
 
 

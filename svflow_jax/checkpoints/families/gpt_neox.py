@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from svflow_jax.checkpoints.base import ConfigReader, Spec, make_config
+from svflow_jax.checkpoints.base import ConfigReader, Spec, hf_sizes, make_config
 from svflow_jax.checkpoints.families import Family
 from svflow_jax.checkpoints.specs import transpose
 from svflow_jax.transformer import RoPE, TransformerConfig
@@ -46,7 +46,8 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
     rope = ConfigReader(params, hf.where)
     partial = rope.float("partial_rotary_factor", hf.get("rotary_pct", 0.25))
     theta = rope.float("rope_theta", hf.get("rotary_emb_base", 10000.0))
-    d, H = hf.int("hidden_size", kind="width"), hf.int("num_attention_heads", kind="heads")
+    sizes = hf_sizes(hf)
+    d, H = sizes["d_model"], sizes["n_heads"]
     if d % H:
         raise hf.error(f"hidden_size={d} is not a multiple of num_attention_heads={H}")
     dk = d // H
@@ -58,12 +59,8 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
     attention_bias = bool(hf.get("attention_bias", True))
     return make_config(
         hf.where,
-        d_model=d,
-        n_layers=hf.int("num_hidden_layers", kind="layers"),
-        n_heads=H,
+        **sizes,
         d_head=dk,
-        d_ff=hf.int("intermediate_size", kind="width"),
-        vocab_size=hf.int("vocab_size", kind="vocab"),
         residual_scale=1.0,
         block="parallel" if parallel else "sequential",
         norm_position="pre",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from svflow_jax.checkpoints.base import ConfigReader, Spec, make_config
+from svflow_jax.checkpoints.base import ConfigReader, Spec, hf_sizes, make_config
 from svflow_jax.checkpoints.families import Family, GGUFLayout
 from svflow_jax.checkpoints.specs import embedding_specs, layer_specs, norm_specs
 from svflow_jax.transformer import RoPE, TransformerConfig
@@ -74,17 +74,27 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
             f"layer_types {sorted(set(map(str, layer_types)))}: only 'full_attention' is "
             "supported (no sliding window)"
         )
-    d, H = hf.int("hidden_size", kind="width"), hf.int("num_attention_heads", kind="heads")
     attention_bias = bool(hf.get("attention_bias", False))
+    return decoder(
+        hf, dtype,
+        qkv_bias=True if model_type == "qwen2" else attention_bias,
+        out_bias=False if model_type == "qwen2" else attention_bias,
+        ffn_bias=bool(hf.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", _TIE)),
+    )
+
+
+def decoder(hf: ConfigReader, dtype: Any, **fields: Any) -> TransformerConfig:
+    """A pre-RMSNorm, gated-FFN (SwiGLU unless ``fields`` say otherwise), RoPE decoder of the
+    usual sizes; ``fields`` set or override the rest (biases, ``qk_norm``, tying, ...)."""
+    sizes = hf_sizes(hf)
+    d, H = sizes["d_model"], sizes["n_heads"]
     return make_config(
         hf.where,
-        d_model=d,
-        n_layers=hf.int("num_hidden_layers", kind="layers"),
-        n_heads=H,
+        **sizes,
         d_head=hf.int("head_dim", d // H, kind="width"),
         n_kv_heads=hf.int("num_key_value_heads", H, kind="heads"),
-        d_ff=hf.int("intermediate_size", kind="width"),
-        vocab_size=hf.int("vocab_size", kind="vocab"),
         residual_scale=1.0,
         norm_gain=True,
         block="sequential",
@@ -95,13 +105,9 @@ def config(hf: ConfigReader, dtype: Any) -> TransformerConfig:
         final_norm=True,
         causal=True,
         ffn="swiglu",
-        qkv_bias=True if model_type == "qwen2" else attention_bias,
-        out_bias=False if model_type == "qwen2" else attention_bias,
-        ffn_bias=bool(hf.get("mlp_bias", False)),
-        qk_norm=model_type == "qwen3",
         rope=rope_from_hf(hf, _ROPE_THETA),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", _TIE)),
         lm_head=True,
+        **fields,
     )
 
 
