@@ -763,6 +763,9 @@ def test_gemma_gains_embedding_scale_and_geglu():
     assert (cfg.d_head, cfg.kv_heads, cfg.tie_embeddings) == (16, 1, True)
     with pytest.raises(ValueError, match="activation='gelu_tanh'"):
         check_supported(cfg)
+    legacy = json.loads((GOLDEN / "gemma" / "config.json").read_text())
+    legacy |= {"hidden_act": "gelu", "hidden_activation": None}  # the released configs' value
+    assert config_from_hf(legacy).ffn_activation == "gelu_tanh"
 
 
 def test_gpt_neox_parallel_block_with_folded_layernorms():

@@ -25,7 +25,9 @@ from svflow_jax.checkpoints.base import ConfigReader, Spec
 from svflow_jax.checkpoints.families import Family, llama
 from svflow_jax.transformer import TransformerConfig
 
-_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+# "gelu" in a Gemma config is the official releases' legacy name for the tanh approximation
+# (transformers replaces it by "gelu_pytorch_tanh", as its Gemma code always ran).
+_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu_tanh"}
 _GEMMA2 = ("logit soft-capping (attn_logit_softcapping, final_logit_softcapping), a Norm after "
            "each branch as well as before it, alternating sliding-window layers and "
            "query_pre_attn_scalar")
