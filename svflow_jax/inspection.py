@@ -359,6 +359,11 @@ def refinement(
     if not config.lm_head:
         return _result("refinement", "Refinement needs a language-model head.",
                        Evidence(None, {"skipped": "no LM head (an encoder)"}, "skipped"), start)
+    try:
+        correspondence.check_supported(config)
+    except ValueError as err:  # e.g. a pre-LayerNorm decoder (GPT-2): no flow to refine
+        return _result("refinement", "Refinement needs a model to_flow can express.",
+                       Evidence(None, {"skipped": str(err)}, "skipped"), start)
     flow = correspondence.to_flow(config, layer_params(lm.transformer))
     tokens, targets = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
     states = _hidden_states(lm, tokens)  # (L + 1, W, n, d)

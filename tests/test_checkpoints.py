@@ -787,3 +787,15 @@ def test_gpt_neox_parallel_block_with_folded_layernorms():
                                (g1[None, None, :] * k_rows).transpose(2, 0, 1), rtol=1e-15)
     bk = stored[p + "attention.query_key_value.bias"].astype(np.float64).reshape(4, 3, 8)[:, 1]
     np.testing.assert_allclose(np.asarray(params["bk"][1]), bk + k_rows @ b1, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gemma"])
+def test_refinement_is_skipped_for_a_decoder_to_flow_refuses(name):
+    """svflow inspect on a decoder with no flow (pre-LayerNorm GPT-2, Gemma's GeGLU) reports
+    the refinement as skipped, naming why, instead of raising."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    result = inspection.refinement(loaded(name), g["input_ids"][:1, :6])
+    assert result.passed is None
+    assert "not an SVFlow discretisation" in result.figures["skipped"]
