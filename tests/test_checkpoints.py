@@ -799,3 +799,18 @@ def test_refinement_is_skipped_for_a_decoder_to_flow_refuses(name):
     result = inspection.refinement(loaded(name), g["input_ids"][:1, :6])
     assert result.passed is None
     assert "not an SVFlow discretisation" in result.figures["skipped"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "gemma"])
+def test_exactness_reports_a_prenorm_decoder_without_a_flow(name):
+    """The exactness measurement of a pre-norm decoder to_flow refuses: undecided, naming why,
+    with the token norms' departure from a sphere (a pre-norm state is no Norm's output, so no
+    ellipsoid residual)."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    result = inspection.exactness(loaded(name), g["input_ids"][0][:8])
+    assert result.passed is None
+    assert "not an SVFlow discretisation" in result.figures["not_a_flow"]
+    assert result.figures["ellipsoid_residual"] is None
+    assert result.figures["sphere_departure"] > 0.01
