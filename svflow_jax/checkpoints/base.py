@@ -4,11 +4,12 @@ one conversion from a source's tensors to a ``TransformerLM``.
 A :class:`Spec` maps ``k`` source tensors (names and shapes in the file) to ``m`` targets
 (names of :func:`~svflow_jax.transformer.layer_params`, :func:`outer_norm_params` or
 :func:`embedding_params`) through one function ``convert(*sources) -> targets``; ``k = m = 1``
-is the common case, ``k = 1, m = 3`` a fused QKV matrix (GPT-2's ``c_attn``), ``k > 1, m = 1``
-several files' pieces joined into one array. :func:`convert` checks every name and shape of a
-source against the specs before it reads a single tensor (so a configuration that asks for
-10^9 layers is refused by :func:`bounded_int` before anything is allocated), then reads, casts,
-converts, refuses non-finite values by tensor name, and stacks the per-layer targets.
+is the common case, ``k = 1, m = 3`` a fused QKV matrix (GPT-2's ``c_attn``), ``k = 2, m = 3``
+that matrix with a LayerNorm gain folded in (GPT-NeoX), ``k = 0`` a constant. Sizes read from a
+configuration are bounded (:data:`MAX_SIZES`, :meth:`ConfigReader.int`), so one that asks for
+10^9 layers is refused before anything is planned or allocated; :func:`convert` then checks
+every name and shape of a source against the specs before it reads a single tensor, and reads,
+casts, converts, refuses non-finite values by tensor name, and stacks the per-layer targets.
 """
 
 from __future__ import annotations
