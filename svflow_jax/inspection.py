@@ -197,24 +197,29 @@ def _sphere_departure(loaded: LoadedModel, tokens, reason: str) -> Evidence:
     """For a post-LayerNorm stack: the states lie on the affine ellipsoid ``{b + g z : mean(z)
     = 0, |z| = sqrt(d)}`` of the Norm that produced them (``ellipsoid_residual``, a check), and
     ``sphere_departure = max_i | |x_i| / r - 1 |``, ``r`` the RMS token norm of the layer, says
-    how far that is from a sphere centred at 0."""
+    how far that is from a sphere centred at 0. A pre-norm stack's states are no Norm's output:
+    only ``sphere_departure`` is reported (``ellipsoid_residual`` is ``None``)."""
     lm, config = loaded.model, loaded.config
     states = np.asarray(_hidden_states(lm, jnp.asarray(tokens)[None]), float)[:, 0]
     params = {k: np.asarray(v, float) for k, v in layer_params(lm.transformer).items()}
+    post_ln = config.norm_position == "post" and "norm_ffn_bias" in params
     rows = []
     for l in range(1, config.n_layers + 1):
         x = states[l]
-        g, b = params["norm_ffn_gain"][l - 1], params["norm_ffn_bias"][l - 1]
-        z = (x - b) / g
-        ellipsoid = float(np.max(np.abs(np.linalg.norm(z, axis=-1) - math.sqrt(config.d_model))))
         norms = np.linalg.norm(x, axis=-1)
         rms = float(np.sqrt(np.mean(norms**2)))
-        rows.append({"layer": l, "ellipsoid_residual": ellipsoid,
-                     "centring_residual": float(np.max(np.abs(z.mean(axis=-1)))),
-                     "sphere_departure": float(np.max(np.abs(norms / rms - 1))),
-                     "bias_over_radius": float(np.linalg.norm(b) / rms)})
+        row = {"layer": l, "sphere_departure": float(np.max(np.abs(norms / rms - 1)))}
+        if post_ln:
+            g, b = params["norm_ffn_gain"][l - 1], params["norm_ffn_bias"][l - 1]
+            z = (x - b) / g
+            row |= {"ellipsoid_residual": float(np.max(np.abs(
+                        np.linalg.norm(z, axis=-1) - math.sqrt(config.d_model)))),
+                    "centring_residual": float(np.max(np.abs(z.mean(axis=-1)))),
+                    "bias_over_radius": float(np.linalg.norm(b) / rms)}
+        rows.append(row)
     figures = {"sphere_departure": max(r["sphere_departure"] for r in rows),
-               "ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows),
+               "ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows)
+               if post_ln else None,
                "not_a_flow": reason}
     return Evidence(None, figures, "not decidable: no exact flow (departure reported)", rows)
 
@@ -362,6 +367,11 @@ def refinement(
     if not config.lm_head:
         return _result("refinement", "Refinement needs a language-model head.",
                        Evidence(None, {"skipped": "no LM head (an encoder)"}, "skipped"), start)
+    try:
+        correspondence.check_supported(config)
+    except ValueError as err:  # e.g. a pre-LayerNorm decoder (GPT-2): no flow to refine
+        return _result("refinement", "Refinement needs a model to_flow can express.",
+                       Evidence(None, {"skipped": str(err)}, "skipped"), start)
     flow = correspondence.to_flow(config, layer_params(lm.transformer))
     tokens, targets = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
     states = _hidden_states(lm, tokens)  # (L + 1, W, n, d)

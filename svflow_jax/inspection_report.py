@@ -90,9 +90,11 @@ def markdown(summary: dict[str, Any]) -> str:
                       f"{'PASS' if ex['passed'] else 'FAIL'}), {_fmt(f['relative_float32'])} "
                       "in float32.", ""]
         else:
+            ellipsoid = ("" if f.get("ellipsoid_residual") is None else
+                         f" (ellipsoid residual {_fmt(f['ellipsoid_residual'])})")
             lines += [f"No: {f['not_a_flow']}. Largest departure of a layer's token norms "
-                      f"from their RMS: {_fmt(f['sphere_departure'])} (ellipsoid residual "
-                      f"{_fmt(f['ellipsoid_residual'])}).", "", _table(ex["rows"])]
+                      f"from their RMS: {_fmt(f['sphere_departure'])}{ellipsoid}.", "",
+                      _table(ex["rows"])]
     if geo:
         f = geo["figures"]
         lines += ["## How the layers move the tokens", "",

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import shutil
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
 FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
+NEW_FAMILIES = ["gpt2", "gpt_neox", "phi3", "gemma"]  # make_golden.py, transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 # The same model converted by llama.cpp's own convert_hf_to_gguf.py (experiments/
 # make_llamacpp_gguf.py): the Q/K permutation is llama.cpp's, not our transcription of it.
@@ -85,7 +88,7 @@ def our_outputs(name: str) -> tuple[np.ndarray, np.ndarray]:
 # ============================================================================================
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, *GGUFS])
+@pytest.mark.parametrize("name", [*FAMILIES, *GGUFS, *NEW_FAMILIES])
 def test_matches_transformers(name):
     g = golden(name)
     valid = g["attention_mask"].astype(bool)
@@ -414,6 +417,17 @@ def test_shape_mismatch(tmp_path):
         ("bert", {"hidden_act": "gelu_new"}, "hidden_act='gelu_new'"),
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type"),
         ("llama_gqa_tied", {"partial_rotary_factor": 0.5}, "partial"),
+        ("phi3", {"sliding_window": 2047}, "sliding-window"),
+        ("gpt_neox", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+         "unsupported rope_type 'dynamic' for gpt_neox"),
+        ("gpt_neox", {"rope_parameters": {"partial_rotary_factor": 0.1}},
+         "gives 0 rotary coordinates of 8"),
+        ("gemma", {"model_type": "gemma2"}, "model_type 'gemma2' is not supported: Gemma 2 has "
+         "logit soft-capping"),
+        ("gemma", {"model_type": "gemma3_text"}, "per-head query/key RMSNorm"),
+        ("gemma", {"hidden_activation": "relu"}, "hidden_activation='relu'"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+         "unsupported rope_type 'longrope'"),
     ],
 )
 def test_unsupported_config(tmp_path, name, edit, match):
@@ -508,3 +522,312 @@ def test_gguf_llama3_rope_freqs(tmp_path):
     valid = g["attention_mask"].astype(bool)
     logits = np.asarray(model(jnp.asarray(g["input_ids"]), **inputs(g)))
     assert np.max(np.abs(logits[valid] - g["logits"][valid])) < TOL
+
+
+# ============================================================================================
+# Damaged and hostile files: every failure a CheckpointError naming the file or the field
+# ============================================================================================
+
+
+def _outcome(path: Path) -> str:
+    """``"loaded"``, or the CheckpointError's message; any other exception fails the test."""
+    try:
+        load(path)
+    except CheckpointError as err:
+        return str(err)
+    return "loaded"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.0001, 0.01, 0.1, 0.5, 0.9, 0.9999])
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_truncated_file(tmp_path, kind, fraction):
+    if kind == "gguf":
+        path = tmp_path / "cut.gguf"
+        data = GGUF_PATH.read_bytes()
+        target = path
+    else:
+        path, _, _ = _copy_folder(tmp_path, "qwen2")
+        target = path / "model.safetensors"
+        data = target.read_bytes()
+    target.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(CheckpointError, match=re.escape(str(target))):
+        load(path)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_bit_flipped_header(tmp_path, kind, seed):
+    """One flipped bit in the header (where names, shapes, offsets, counts and metadata are):
+    either refused with a CheckpointError naming the file (or folder), or, for a flip in a
+    value that changes nothing structural, loaded; never another exception."""
+    rng = np.random.default_rng(seed)
+    if kind == "gguf":
+        path = target = tmp_path / "flip.gguf"
+        data = bytearray(GGUF_PATH.read_bytes())
+        header_end = 4096  # metadata and tensor table of the golden GGUF
+    else:
+        path, _, _ = _copy_folder(tmp_path, "qwen2")
+        target = path / "model.safetensors"
+        data = bytearray(target.read_bytes())
+        header_end = 8 + int.from_bytes(data[:8], "little")
+    at = int(rng.integers(0, header_end))
+    data[at] ^= 1 << int(rng.integers(8))
+    target.write_bytes(bytes(data))
+    result = _outcome(path)
+    assert result == "loaded" or str(path) in result, (at, result)
+
+
+@pytest.mark.parametrize("field", [8, 16])  # GGUF v3: tensor count at byte 8, KV count at 16
+def test_gguf_flipped_count(tmp_path, field):
+    data = bytearray(GGUF_PATH.read_bytes())
+    data[field + 6] ^= 0x40  # a count of ~2^54
+    path = tmp_path / "count.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=re.escape(str(path))):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "match"),
+    [
+        ("model.safetensors", b"", "model.safetensors: unreadable safetensors header"),
+        ("config.json", b"", "config.json: unreadable JSON"),
+        ("config.json", b"[1, 2]", "config.json: expected a JSON object"),
+        ("tokenizer.json", b"", "tokenizer.json: unreadable tokenizer"),
+        ("tokenizer.json", b'{"model": 3}', "tokenizer.json: unreadable tokenizer"),
+        ("model.safetensors.index.json", b"{}", "index.json: no 'weight_map'"),
+    ],
+)
+def test_empty_or_garbage_file(tmp_path, file, content, match):
+    folder, _, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    (folder / file).write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        load(folder)
+
+
+def test_empty_gguf(tmp_path):
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=re.escape(f"{path}: unreadable GGUF")):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        ({"hidden_size": None}, r"config\.json: missing key 'hidden_size'"),
+        ({"num_hidden_layers": 1e9}, r"config\.json: num_hidden_layers=1000000000 is outside"),
+        ({"vocab_size": 2**40}, r"config\.json: vocab_size=1099511627776 is outside"),
+        ({"num_attention_heads": 2.5}, r"num_attention_heads=2\.5 is not a whole number"),
+        ({"rms_norm_eps": "small"}, r"rms_norm_eps='small' is not a finite number"),
+        ({"num_attention_heads": 5}, r"config\.json: inconsistent configuration"),
+        ({"num_hidden_layers": 3}, r"missing tensors \['model\.layers\.2\."),
+    ],
+)
+def test_bad_config_values(tmp_path, edit, match):
+    """Missing keys, sizes out of bounds (refused before anything is allocated: the 10^9-layer
+    configuration fails in well under a second) and values of the wrong type."""
+    import time
+
+    folder, _, config = _copy_folder(tmp_path, "llama_gqa_tied")
+    config = {k: v for k, v in (config | edit).items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(folder)
+    assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nonfinite_embedding_row_is_refused_by_name(tmp_path, value):
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    tensors["model.embed_tokens.weight"][7, 3] = value
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'model\.embed_tokens\.weight' has 1 non-finite value\(s\) .* index "
+        r"\(7, 3\); pass allow_nonfinite=True",
+    ):
+        load_hf(folder)
+    with pytest.warns(RuntimeWarning, match=r"model\.embed_tokens\.weight.*loaded anyway"):
+        model = load_hf(folder, allow_nonfinite=True).model
+    embed = np.asarray(embedding_params(model)["embed"])
+    assert not np.isfinite(embed[7, 3]) and np.isfinite(np.delete(embed, 7, axis=0)).all()
+
+
+def test_nonfinite_gguf_tensor_is_refused_by_name(tmp_path):
+    path = tmp_path / "nan.gguf"
+    reader = gguf.GGUFReader(str(GGUF_PATH))
+    offset = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight").data_offset
+    data = bytearray(GGUF_PATH.read_bytes())
+    data[offset: offset + 4] = np.float32(np.nan).tobytes()  # F32 tensor: its first element
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"nan\.gguf: tensor 'blk\.1\.ffn_down\.weight'"):
+        load(path)
+
+
+def test_cli_inspect_exits_2_on_a_damaged_checkpoint(tmp_path, capsys):
+    from svflow_jax.cli import main
+
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(GGUF_PATH.read_bytes()[:1000])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", str(path), "--quick", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"{path}: unreadable GGUF header" in capsys.readouterr().err
+
+
+# ============================================================================================
+# Specs: one source to several targets, several sources to one
+# ============================================================================================
+
+
+def test_fused_and_split_specs_load_like_separate_tensors(tmp_path):
+    """The llama golden model rewritten with each layer's Q, K, V fused into one tensor
+    (GPT-NeoX/Phi-3 style) and each embedding row block split in two files' worth of tensors;
+    specs mapping one source to three targets, and two sources to one, give the same
+    parameters as the plain folder."""
+    from svflow_jax.checkpoints import FAMILIES, Spec
+    from svflow_jax.checkpoints.base import convert
+    from svflow_jax.checkpoints.hf import SafetensorsFolder
+    from svflow_jax.checkpoints.specs import in_heads
+
+    folder, tensors, _ = _copy_folder(tmp_path, "llama_gqa_tied")
+    model, cfg, _ = loaded("llama_gqa_tied")
+    H, G, dk, d, V = cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.d_model, cfg.vocab_size
+    p = "model.layers.{i}.self_attn."
+    for i in range(cfg.n_layers):
+        parts = [tensors.pop(p.format(i=i) + f"{x}_proj.weight") for x in "qkv"]
+        tensors[p.format(i=i) + "qkv_proj.weight"] = np.concatenate(parts)
+    embed = tensors.pop("model.embed_tokens.weight")
+    tensors["embed.a"], tensors["embed.b"] = embed[: V // 2], embed[V // 2:]
+    save_file(tensors, folder / "model.safetensors")
+
+    def qkv(w):
+        q, k, v = np.split(w, [H * dk, (H + G) * dk])
+        return in_heads(H, dk)(q), in_heads(G, dk)(k), in_heads(G, dk)(v)
+
+    specs = [
+        s for s in FAMILIES["llama"].specs(cfg, "llama")
+        if not set(s.targets) & {"wq", "wk", "wv", "embed"}
+    ]
+    specs += [Spec(p.format(i=i) + "qkv_proj.weight", ((H + 2 * G) * dk, d),
+                   ("wq", "wk", "wv"), i, qkv) for i in range(cfg.n_layers)]
+    specs.append(Spec(("embed.a", "embed.b"), ((V // 2, d), (V - V // 2, d)), "embed",
+                      None, lambda a, b: np.concatenate([a, b])))
+    source = SafetensorsFolder(folder)
+    layer, outer, emb = convert(specs, source, set(), jnp.float32)
+    ref = layer_params(model.transformer)
+    for name in ("wq", "wk", "wv", "w_up"):
+        np.testing.assert_array_equal(layer[name], np.asarray(ref[name]), err_msg=name)
+    np.testing.assert_array_equal(emb["embed"], np.asarray(embedding_params(model)["embed"]))
+    np.testing.assert_array_equal(
+        outer["final_norm_gain"], np.asarray(outer_norm_params(model.transformer)[
+            "final_norm_gain"]))
+
+
+# ============================================================================================
+# Families added through one spec module each
+# ============================================================================================
+
+
+def test_gpt2_config_and_old_style_names(tmp_path):
+    """GPT-2: pre-LayerNorm with biases, learned positions, tanh GELU, tied head; a file saved
+    from ``GPT2Model`` (no ``transformer.`` prefix, causal-mask buffers) loads the same."""
+    from svflow_jax.correspondence import check_supported
+
+    model, cfg, _ = loaded("gpt2")
+    assert (cfg.norm, cfg.norm_position, cfg.has_norm_bias) == ("layer", "pre", True)
+    assert (cfg.n_positions, cfg.ffn_activation, cfg.tie_embeddings) == (64, "gelu_tanh", True)
+    with pytest.raises(ValueError, match="norm='layer'"):
+        check_supported(cfg)  # LayerNorm: not a sphere flow (docs/theory.md)
+    folder, tensors, _ = _copy_folder(tmp_path, "gpt2")
+    old = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    old["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))
+    save_file(old, folder / "model.safetensors")
+    again = load_hf(folder).model
+    for k, v in layer_params(again.transformer).items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(
+            layer_params(model.transformer)[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["phi3"])
+def test_to_flow_is_exact_in_float64(name):
+    """A pre-RMSNorm family converted by ``to_flow`` reproduces every hidden state of its first
+    (unpadded) golden sequence to <= 1e-12 in float64 (states of size O(1-10))."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    tokens = g["input_ids"][0][g["attention_mask"][0].astype(bool)]
+    result = inspection.exactness(loaded(name), tokens)
+    assert result.passed is True
+    assert result.figures["max_abs_diff_float64"] <= 1e-12, result.figures
+    assert result.figures["relative_float64"] <= 1e-12, result.figures
+    assert result.figures["scale"] > 1.0
+
+
+def test_gemma_gains_embedding_scale_and_geglu():
+    """Gemma's stored RMSNorm weights w act as 1 + w, its embeddings are scaled by sqrt(d) and
+    its MLP is GeGLU; to_flow refuses it (the flow's score networks have SiLU gates only)."""
+    from svflow_jax.correspondence import check_supported
+
+    model, cfg, _ = loaded("gemma")
+    stored = load_file(GOLDEN / "gemma" / "model.safetensors")
+    np.testing.assert_array_equal(
+        np.asarray(layer_params(model.transformer)["norm_ffn_gain"][1]),
+        1 + stored["model.layers.1.post_attention_layernorm.weight"])
+    assert cfg.embed_scale == math.sqrt(32) and cfg.ffn_activation == "gelu_tanh"
+    assert (cfg.d_head, cfg.kv_heads, cfg.tie_embeddings) == (16, 1, True)
+    with pytest.raises(ValueError, match="activation='gelu_tanh'"):
+        check_supported(cfg)
+    legacy = json.loads((GOLDEN / "gemma" / "config.json").read_text())
+    legacy |= {"hidden_act": "gelu", "hidden_activation": None}  # the released configs' value
+    assert config_from_hf(legacy).ffn_activation == "gelu_tanh"
+
+
+def test_gpt_neox_parallel_block_with_folded_layernorms():
+    """Pythia's two LayerNorms per layer: one parameter-free Norm in the parallel block, the
+    gains and biases folded into Q/K/V and W_in (checked against the stored tensors in
+    float64), RoPE on half of each head."""
+    model, cfg, _ = load_hf(GOLDEN / "gpt_neox", dtype=jnp.float64)
+    assert (cfg.block, cfg.norm, cfg.rope.rotary_dim, cfg.d_head) == ("parallel", "layer", 4, 8)
+    stored = load_file(GOLDEN / "gpt_neox" / "model.safetensors")
+    p = "gpt_neox.layers.1."
+    params = layer_params(model.transformer)
+    np.testing.assert_array_equal(np.asarray(params["norm_gain"]), 1.0)
+    np.testing.assert_array_equal(np.asarray(params["norm_bias"]), 0.0)
+    w = stored[p + "attention.query_key_value.weight"].astype(np.float64).reshape(4, 3, 8, 32)
+    g1 = stored[p + "input_layernorm.weight"].astype(np.float64)
+    b1 = stored[p + "input_layernorm.bias"].astype(np.float64)
+    k_rows = w[:, 1]  # (H, dk, d): per head, Q then K then V
+    np.testing.assert_allclose(np.asarray(params["wk"][1]),
+                               (g1[None, None, :] * k_rows).transpose(2, 0, 1), rtol=1e-15)
+    bk = stored[p + "attention.query_key_value.bias"].astype(np.float64).reshape(4, 3, 8)[:, 1]
+    np.testing.assert_allclose(np.asarray(params["bk"][1]), bk + k_rows @ b1, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gemma"])
+def test_refinement_is_skipped_for_a_decoder_to_flow_refuses(name):
+    """svflow inspect on a decoder with no flow (pre-LayerNorm GPT-2, Gemma's GeGLU) reports
+    the refinement as skipped, naming why, instead of raising."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    result = inspection.refinement(loaded(name), g["input_ids"][:1, :6])
+    assert result.passed is None
+    assert "not an SVFlow discretisation" in result.figures["skipped"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "gemma"])
+def test_exactness_reports_a_prenorm_decoder_without_a_flow(name):
+    """The exactness measurement of a pre-norm decoder to_flow refuses: undecided, naming why,
+    with the token norms' departure from a sphere (a pre-norm state is no Norm's output, so no
+    ellipsoid residual)."""
+    from svflow_jax import inspection
+
+    g = golden(name)
+    result = inspection.exactness(loaded(name), g["input_ids"][0][:8])
+    assert result.passed is None
+    assert "not an SVFlow discretisation" in result.figures["not_a_flow"]
+    assert result.figures["ellipsoid_residual"] is None
+    assert result.figures["sphere_departure"] > 0.01

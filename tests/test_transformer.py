@@ -913,3 +913,87 @@ def test_lm_embeddings_and_heads():
     )
     with pytest.raises(KeyError, match="unexpected"):
         set_embedding_params(tied, {"embed": tied.embed[...], "unembed": tied.embed[...].T})
+
+
+# ============================================================================================
+# Activations and embedding scale (GPT-2's tanh GELU, Gemma's GeGLU and sqrt(d) embeddings)
+# ============================================================================================
+
+
+def _tanh_gelu(z: np.ndarray) -> np.ndarray:
+    """GPT-2's ``gelu_new``, transcribed from its definition."""
+    return 0.5 * z * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (z + 0.044715 * z**3)))
+
+
+@pytest.mark.parametrize(
+    ("ffn", "activation"), [("gelu", "gelu_tanh"), ("swiglu", "gelu_tanh"), ("gelu", "silu")]
+)
+def test_ffn_activation_by_direct_computation(ffn, activation):
+    from svflow_jax.transformer.model import FFN
+
+    cfg = TransformerConfig(**BASE, ffn=ffn, activation=activation, use_bias=True)
+    ffn_module = FFN(cfg, rngs=nnx.Rngs(3))
+    x = np.random.default_rng(0).normal(size=(N_TOKENS, cfg.d_model))
+    phi = _tanh_gelu if activation == "gelu_tanh" else (lambda z: z / (1.0 + np.exp(-z)))
+    w = {k: np.asarray(v[...]) for k, v in vars(ffn_module).items() if isinstance(v, nnx.Param)}
+    if ffn == "gelu":
+        expect = phi(x @ w["w_in"] + w["b_in"]) @ w["w_out"] + w["b_out"]
+    else:
+        gate, up = x @ w["w_gate"] + w["b_gate"], x @ w["w_up"] + w["b_up"]
+        expect = (phi(gate) * up) @ w["w_down"] + w["b_down"]
+    np.testing.assert_allclose(np.asarray(ffn_module(jnp.asarray(x))), expect, rtol=0, atol=TOL)
+    assert cfg.ffn_activation == activation
+    assert TransformerConfig(**BASE, ffn=ffn).ffn_activation == (
+        "gelu" if ffn == "gelu" else "silu")
+
+
+def test_embed_scale_scales_the_input_not_the_tied_head():
+    cfg = TransformerConfig(**BASE, vocab_size=7, tie_embeddings=True, embed_scale=2.5)
+    lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
+    plain = TransformerLM(dataclasses.replace(cfg, embed_scale=1.0), rngs=nnx.Rngs(0))
+    tokens = jnp.asarray([1, 4, 6])
+    embed = np.asarray(embedding_params(lm)["embed"])
+    np.testing.assert_array_equal(np.asarray(lm.embeddings(tokens)), 2.5 * embed[[1, 4, 6]])
+    x = jnp.ones((3, cfg.d_model), F64)
+    np.testing.assert_array_equal(np.asarray(lm.logits(x)), np.asarray(plain.logits(x)))
+    with pytest.raises(ValueError, match="embed_scale must be a finite float > 0"):
+        TransformerConfig(**BASE, embed_scale=0.0)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        TransformerConfig(**BASE, activation="relu")
+
+
+def test_params_module_does_not_import_the_model_at_run_time():
+    """No import circle: ``params.py`` imports ``model.py`` only for annotations."""
+    import ast
+    import inspect as pyinspect
+
+    from svflow_jax.transformer import params
+
+    tree = ast.parse(pyinspect.getsource(params))
+    runtime = [
+        node.module for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module
+    ]
+    assert "svflow_jax.transformer.model" not in runtime
+
+
+def test_partial_rotary_embedding_by_direct_computation():
+    """``RoPE(rotary_dim=r)`` (GPT-NeoX) rotates the pairs ``(i, i + r/2)``, ``i < r/2``, by
+    ``p theta^(-2i/r)`` and leaves coordinates ``r..k-1`` as they are."""
+    k, r, theta = 8, 4, 100.0
+    rope = RoPE(theta=theta, rotary_dim=r)
+    x = np.random.default_rng(1).normal(size=(3, 2, k))  # (n, heads, k)
+    pos = np.array([0, 1, 5])
+    out = np.asarray(apply_rope(jnp.asarray(x), jnp.asarray(pos), rope.inv_freq(k)))
+    expect = x.copy()
+    for i in range(r // 2):
+        angle = pos[:, None] * theta ** (-2 * i / r)
+        a, b = x[..., i], x[..., i + r // 2]
+        expect[..., i] = a * np.cos(angle) - b * np.sin(angle)
+        expect[..., i + r // 2] = b * np.cos(angle) + a * np.sin(angle)
+    np.testing.assert_allclose(out, expect, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(out[..., r:], x[..., r:])
+    with pytest.raises(ValueError, match="rotary_dim=10 exceeds d_head=8"):
+        TransformerConfig(**(BASE | {"d_head": 8}), rope=RoPE(rotary_dim=10))
+    with pytest.raises(ValueError, match="rotary_dim must be even"):
+        RoPE(rotary_dim=3)

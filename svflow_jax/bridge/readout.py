@@ -49,7 +49,8 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
     builds. ``flow=True`` asks more: that the stack be an SVFlow discretisation which
     :func:`svflow_jax.correspondence.to_flow` expresses exactly (an RMS Norm, since a LayerNorm
     with gain and bias maps onto an affine ellipsoid of the centred hyperplane, not a sphere;
-    and ``eps = 0`` in a post-norm stack, without which the Norm is not the retraction)."""
+    ``eps = 0`` in a post-norm stack, without which the Norm is not the retraction; whole-head
+    rotary embeddings; the FFN's own activation, the only one the score networks have)."""
     config = model.config if isinstance(model, TransformerLM) else model
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"the bridge reads a TransformerLM or TransformerConfig, got "
@@ -68,6 +69,13 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
     if config.norm_position == "post" and config.norm_eps != 0:
         problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
                         "the Norm is not the retraction onto the sphere)")
+    if config.rope is not None and config.rope.rotary_dim not in (None, config.d_head):
+        problems.append(f"rope rotary_dim={config.rope.rotary_dim} < d_head={config.d_head} "
+                        "(partial rotary embeddings: the flow's kernel rotates whole heads)")
+    default = "gelu" if config.expert_kind == "gelu" else "silu"
+    if config.ffn_activation != default:
+        problems.append(f"activation={config.ffn_activation!r} (the flow's score networks have "
+                        f"the {config.expert_kind} FFN's own {default!r} only)")
     if problems:
         raise ValueError("this Transformer is not an SVFlow discretisation: " + "; ".join(problems))
 

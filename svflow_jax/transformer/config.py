@@ -42,6 +42,7 @@ FFNKind = Literal["gelu", "swiglu", "moe"]
 ExpertFFNKind = Literal["gelu", "swiglu"]
 
 RopeType = Literal["default", "llama3"]
+Activation = Literal["gelu", "gelu_tanh", "silu"]
 
 _SUBSTEPS = {"sequential": 2, "parallel": 1, "macaron": 3}
 
@@ -59,6 +60,11 @@ class RoPE:
     are divided by ``factor``, and those in between interpolate smoothly.
     ``freq_factors`` (llama.cpp's ``rope_freqs`` tensor), if given, divides the frequencies
     afterwards, one factor per pair.
+
+    ``rotary_dim`` (even, ``<= dk``; GPT-NeoX's partial rotary embeddings) rotates only the
+    first ``rotary_dim`` coordinates of each head, rotate-half within them (pairs ``(i, i +
+    rotary_dim/2)``, ``inv_freq[i] = theta^(-2i/rotary_dim)``); the others pass unrotated.
+    ``None``: all ``dk``.
     """
 
     theta: float = 10000.0
@@ -68,8 +74,13 @@ class RoPE:
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
     freq_factors: tuple[float, ...] | None = None
+    rotary_dim: int | None = None
 
     def __post_init__(self) -> None:
+        if self.rotary_dim is not None:
+            _check_positive_int("rotary_dim", self.rotary_dim)
+            if self.rotary_dim % 2:
+                raise ValueError(f"rope rotary_dim must be even, got {self.rotary_dim}")
         if not _is_real(self.theta) or not self.theta > 0:
             raise ValueError(f"rope theta must be a float > 0, got {self.theta!r}")
         _check_choice("rope_type", self.rope_type, ("default", "llama3"))
@@ -97,7 +108,12 @@ class RoPE:
             object.__setattr__(self, "freq_factors", tuple(float(f) for f in self.freq_factors))
 
     def inv_freq(self, d_head: int) -> np.ndarray:
-        """The ``d_head // 2`` angular frequencies (float64 NumPy, computed once per config)."""
+        """The ``rotary_dim // 2`` (default ``d_head // 2``) angular frequencies (float64
+        NumPy, computed once per config)."""
+        if self.rotary_dim is not None:
+            if self.rotary_dim > d_head:
+                raise ValueError(f"rope rotary_dim={self.rotary_dim} exceeds d_head={d_head}")
+            d_head = self.rotary_dim
         inv = self.theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
         if self.rope_type == "llama3":
             factor, lo, hi = self.factor, self.low_freq_factor, self.high_freq_factor
@@ -145,6 +161,15 @@ class TransformerConfig:
         n_experts: MoE only: number of experts ``E``.
         top_k: MoE only: number of experts each token is routed to.
         expert_ffn: MoE only: the FFN each expert is (``"gelu"`` or ``"swiglu"``).
+        activation: the FFN's nonlinearity ``phi``: ``"gelu"`` (exact, erf), ``"gelu_tanh"``
+            (the tanh approximation ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: GPT-2's
+            ``gelu_new``, Gemma's ``gelu_pytorch_tanh``) or ``"silu"``; in a gated FFN
+            (``"swiglu"``) it acts on the gate: ``W_down (phi(W_gate x) * W_up x)`` (GeGLU
+            with a GELU). ``None``: ``"gelu"`` for ``ffn="gelu"``, ``"silu"`` for
+            ``"swiglu"``.
+        embed_scale: ``TransformerLM`` only: the token embeddings are multiplied by this (in the
+            computation dtype) before the stack (Gemma: ``sqrt(d_model)``); a tied LM head
+            still uses the unscaled ``embed``.
         use_bias: biases on Q/K/V/O, the FFN/expert matrices and LayerNorm (never on the router,
             never on RMSNorm); the default of the four overrides below.
         qkv_bias: biases on Q, K and V (``None``: ``use_bias``).
@@ -184,6 +209,7 @@ class TransformerConfig:
     n_experts: int | None = None
     top_k: int | None = None
     expert_ffn: ExpertFFNKind = "gelu"
+    activation: Activation | None = None
     use_bias: bool = False
     qkv_bias: bool | None = None
     out_bias: bool | None = None
@@ -196,6 +222,7 @@ class TransformerConfig:
     type_vocab_size: int | None = None
     tie_embeddings: bool = False
     lm_head: bool = True
+    embed_scale: float = 1.0
     dtype: Any = None
     param_dtype: Any = jnp.float32
     init_std: float = 0.02
@@ -208,6 +235,12 @@ class TransformerConfig:
         _check_choice("norm", self.norm, ("rms", "layer"))
         _check_choice("ffn", self.ffn, ("gelu", "swiglu", "moe"))
         _check_choice("expert_ffn", self.expert_ffn, ("gelu", "swiglu"))
+        if self.activation is not None:
+            _check_choice("activation", self.activation, ("gelu", "gelu_tanh", "silu"))
+        if not _is_real(self.embed_scale) or not (
+            math.isfinite(self.embed_scale) and self.embed_scale > 0
+        ):
+            raise ValueError(f"embed_scale must be a finite float > 0, got {self.embed_scale!r}")
 
         if self.n_kv_heads is not None:
             _check_positive_int("n_kv_heads", self.n_kv_heads)
@@ -306,6 +339,13 @@ class TransformerConfig:
     def expert_kind(self) -> Literal["gelu", "swiglu"]:
         """The FFN kind of the dense FFN or, for MoE, of each expert."""
         return self.expert_ffn if self.ffn == "moe" else self.ffn  # type: ignore[return-value]
+
+    @property
+    def ffn_activation(self) -> Activation:
+        """The FFN's nonlinearity (``activation``, or the default of the FFN kind)."""
+        if self.activation is not None:
+            return self.activation
+        return "gelu" if self.expert_kind == "gelu" else "silu"
 
 
 def _is_real(value: Any) -> bool:

@@ -43,10 +43,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from svflow_jax.transformer.config import TransformerConfig
+from svflow_jax.transformer.params import (
+    outer_norm_params,
+    set_layer_params,
+    set_outer_norm_params,
+)
 
 __all__ = [
     "Norm",
@@ -132,16 +138,18 @@ class Norm(nnx.Module):
 def apply_rope(
     x: Float[Array, "... n h k"], positions: Array, inv_freq: Array
 ) -> Float[Array, "... n h k"]:
-    """Rotate-half RoPE: the pair ``(x_i, x_{i+k/2})`` is rotated by ``positions * inv_freq[i]``.
+    """Rotate-half RoPE: the pair ``(x_i, x_{i+r/2})`` is rotated by ``positions * inv_freq[i]``.
 
     ``positions`` broadcasts against the leading axes ``(..., n)`` of ``x``; ``inv_freq`` has
-    ``k // 2`` entries (see :meth:`RoPE.inv_freq`).
+    ``r // 2`` entries (see :meth:`RoPE.inv_freq`): ``r = k`` rotates the whole head; ``r < k``
+    (partial rotary embeddings) rotates the first ``r`` coordinates and passes the others.
     """
-    half = x.shape[-1] // 2
+    half = np.shape(inv_freq)[-1]
+    rotated, passed = x[..., : 2 * half], x[..., 2 * half:]
     angles = jnp.asarray(positions)[..., None].astype(x.dtype) * jnp.asarray(inv_freq, x.dtype)
-    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., n, 1, k/2)
-    x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # (..., n, 1, r/2)
+    x1, x2 = rotated[..., :half], rotated[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, passed], axis=-1)
 
 
 def _rms(x: Array, eps: float) -> Array:
@@ -249,12 +257,16 @@ class Attention(nnx.Module):
 # --------------------------------------------------------------------------------------------
 
 
-def _gelu(x: Array) -> Array:
-    return jax.nn.gelu(x, approximate=False)  # exact erf GELU
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact, erf
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+}
 
 
 class FFN(nnx.Module):
-    """Position-wise FFN, ``W_out gelu(W_in x)`` or ``W_down (silu(W_gate x) * W_up x)``.
+    """Position-wise FFN, ``W_out phi(W_in x)`` or ``W_down (phi(W_gate x) * W_up x)``, with
+    ``phi = config.ffn_activation`` (exact GELU and SiLU by default).
 
     With ``n_experts = E`` every weight gets a leading expert axis (``(E, d, f)``, ...) and the
     call returns all expert outputs ``(..., E, d)``; ``MoE`` mixes them.
@@ -266,6 +278,7 @@ class FFN(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, n_experts: int | None = None):
         self.kind = config.expert_kind
+        self.activation = config.ffn_activation
         self.experts = n_experts is not None
         E = () if n_experts is None else (n_experts,)
         d, f = config.d_model, config.d_ff
@@ -293,12 +306,13 @@ class FFN(nnx.Module):
         return y if b is None else y + _get(b, x)
 
     def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        phi = _ACTIVATIONS[self.activation]
         if self.kind == "gelu":
-            hidden = _gelu(self._linear(x, self.w_in, self.b_in, into=True))
+            hidden = phi(self._linear(x, self.w_in, self.b_in, into=True))
             return self._linear(hidden, self.w_out, self.b_out, into=False)
         gate = self._linear(x, self.w_gate, self.b_gate, into=True)
         up = self._linear(x, self.w_up, self.b_up, into=True)
-        return self._linear(jax.nn.silu(gate) * up, self.w_down, self.b_down, into=False)
+        return self._linear(phi(gate) * up, self.w_down, self.b_down, into=False)
 
 
 class MoE(nnx.Module):
@@ -484,18 +498,12 @@ class Transformer(nnx.Module):
     ) -> Transformer:
         """A model whose weights are ``params`` (layout of ``layer_params``) and
         ``outer_params`` (layout of ``outer_norm_params``; ``None``: gains 1, biases 0)."""
-        from svflow_jax.transformer.params import (
-            _outer_vars,
-            set_layer_params,
-            set_outer_norm_params,
-        )
-
         model = cls.abstract(config)
         set_layer_params(model, params)
         if outer_params is None:
             outer_params = {  # the abstract model holds shapes only: read them, not values
                 name: (jnp.ones if name.endswith("_gain") else jnp.zeros)(a.shape, a.dtype)
-                for name, a in ((n, v.get_value()) for n, v in _outer_vars(model).items())
+                for name, a in outer_norm_params(model).items()
             }
         set_outer_norm_params(model, outer_params)
         return model
@@ -586,8 +594,11 @@ class TransformerLM(nnx.Module):
         token_types: Int[Array, "... n"] | None = None,
         positions: Int[Array, "... n"] | None = None,
     ) -> Float[Array, "... n d"]:
-        """The stack's input: sum of the token, position and token-type embeddings."""
+        """The stack's input: sum of the token (times ``embed_scale``), position and token-type
+        embeddings."""
         x = jnp.take(self.embed[...], tokens, axis=0)
+        if self.config.embed_scale != 1.0:
+            x = x * jnp.asarray(self.config.embed_scale, x.dtype)
         if self.pos_embed is not None:
             pos = jnp.arange(x.shape[-2]) if positions is None else positions
             x = x + jnp.take(self.pos_embed[...], pos, axis=0)

@@ -48,12 +48,14 @@ arrays as they are, so a get/set round trip is bit-identical.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array
 
-from svflow_jax.transformer.model import Transformer, TransformerLM
+if TYPE_CHECKING:  # annotations only: model.py imports this module, not the reverse
+    from svflow_jax.transformer.model import Transformer, TransformerLM
 
 __all__ = [
     "layer_params",
