@@ -12,6 +12,10 @@ test run each is executed once, by whichever of the two gets there first.
 and that every formula was rendered at build time (``docs/_build_tools/maths.py``: TeX to
 MathML, no MathJax): no raw TeX is left in any page's text.
 
+``test_howto_code_runs`` runs the code blocks of every how-to guide and of the README as a
+reader would copy them (placeholder paths mapped to the golden files), so a stale page fails;
+a block it does not run is marked ``<!-- docs-test: skip (why) -->`` above its fence.
+
 ``test_site_in_browser`` opens the built home page and two notebook pages from disk in
 headless Chromium (Debian's ``chromium`` package, driven directly: ``--dump-dom`` for the DOM
 after the page's scripts ran, ``--screenshot`` for a picture; no driver library to install or
@@ -187,7 +191,8 @@ def test_site_in_browser(site: Path):
 
 # --- The how-to guides' code runs ---------------------------------------------------------------
 
-HOWTOS = sorted((ROOT / "docs" / "howto").glob("*.md"))
+# The how-to guides and the README: their code is what a reader copies.
+CODE_PAGES = [*sorted((ROOT / "docs" / "howto").glob("*.md")), ROOT / "README.md"]
 # A block the test does not run is marked on the line before its fence, with the reason:
 #   <!-- docs-test: skip (several minutes on a CPU; the block above runs it with --quick) -->
 SKIP_MARKER = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
@@ -223,9 +228,10 @@ def test_code_blocks_parser():
     assert code_blocks(page) == [("python", "x = 1", None), ("bash", "svflow verify", "too long")]
 
 
-@pytest.mark.parametrize("page", HOWTOS, ids=[p.stem for p in HOWTOS])
+@pytest.mark.parametrize("page", CODE_PAGES, ids=[p.stem for p in CODE_PAGES])
 def test_howto_code_runs(page: Path, tmp_path: Path):
-    """Every code block of a how-to guide runs as written, from an empty folder: a Python block
+    """Every code block of a how-to guide (and of the README) runs as written, from an empty
+    folder: a Python block
     whose first line is ``# name.py`` is saved as that file (the guide's user module); the other
     Python blocks run in order as one script; the shell blocks run in order with ``set -e``,
     ``svflow`` being this checkout's ``python -m svflow_jax``. Placeholder paths stand for test
