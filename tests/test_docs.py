@@ -119,6 +119,26 @@ def test_raw_tex_detector():
         assert not raw_tex(clean), clean
 
 
+def test_formulas_become_mathml(monkeypatch):
+    """The build-time converter: arithmatex's inline and display spans become MathML with the
+    TeX's structure (HTML entities decoded first), the side bar's ``\\(...\\)`` titles too, and a
+    formula it cannot convert fails the build naming the page and the formula."""
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "_build_tools"))
+    import maths
+
+    page = ('<p><span class="arithmatex">\\(a &lt; b_i\\)</span> and</p>\n'
+            '<div class="arithmatex">\\[\\frac{x}{\\sqrt{d}}\\]</div>')
+    out, count = maths.render(page, "p.md")
+    assert count == 2 and not raw_tex(out)
+    assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="inline">' in out
+    assert re.search(r"<mi>a</mi><mo>&#x0003C;</mo><msub><mi>b</mi><mi>i</mi></msub>", out)
+    assert re.search(r'display="block"><mrow><mfrac><mrow><mi>x</mi></mrow><mrow><msqrt>', out)
+    assert maths.render_title(r"1. The geometry of \(S^{d-1}\)").startswith(
+        '1. The geometry of <math xmlns="http://www.w3.org/1998/Math/MathML" display="inline">')
+    with pytest.raises(maths.MathsError, match=r"p\.md: cannot convert the formula 'x\^'"):
+        maths.render('<span class="arithmatex">\\(x^\\)</span>', "p.md")
+
+
 def test_site_offline(site: Path):
     """No page fetches anything from the network, and every formula is MathML."""
     pages = sorted(site.rglob("*.html"))
