@@ -367,7 +367,7 @@ plt.show()
 #   the cumulant generating function of $\mu^\top x$ under the uniform law: $\approx
 #   \kappa^2/(2d)$ for small $\kappa$ (the variance of $\mu^\top x$ is $1/d$), and $\kappa$ minus
 #   a logarithm for large $\kappa$. From $\log I_\nu(\kappa) = \kappa - \tfrac12\log(2\pi\kappa)
-#   - \frac{4\nu^2 - 1}{8\kappa} + O(\kappa^{-2})$ (Hankel's expansion, $\nu = d/2 - 1$ fixed),
+#   \,-\, \frac{4\nu^2 - 1}{8\kappa} + O(\kappa^{-2})$ (Hankel's expansion, $\nu = d/2 - 1$ fixed),
 #
 #   $$\log C_d(\kappa) = -\kappa + \frac{d-1}{2}\log\frac{\kappa}{2\pi}
 #     + \frac{(d-1)(d-3)}{8\kappa} + O(\kappa^{-2}), \qquad \kappa \gg d^2:$$

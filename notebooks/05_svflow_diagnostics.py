@@ -102,7 +102,8 @@ plt.show()
 # ECE of the scored tokens per level, and Spearman's rho of each layer-mean metric with them,
 # with bootstrap intervals over windows. Three windows and three levels make a rho of
 # $\pm 1$ or $\pm 0.5$ and intervals that span nearly everything: this is the mechanics, not
-# the result (the README's table comes from `svflow diagnose`'s default run).
+# the result (the table of the documentation's results page, "Diagnostics under prefix
+# shuffling", comes from `svflow diagnose`'s default run).
 
 # %%
 data = study.run_shuffle_study(loaded, ids, config)

@@ -9,7 +9,9 @@ report and the tests consume those objects.
 
 * :func:`exactness`: the flow reproduces every hidden state (float64 and float32).
 * :func:`geometry`: per layer, the angle each token's direction turns, the growth of its norm
-  (the per-token clock of pre-norm), the radial share of the update and its relative size.
+  (the growth of the radius that divides a pre-norm direction's speed; not a per-token
+  clock, a reading docs/theory.md, "Pre-norm layers", shows wrong), the radial share of the
+  update and its relative size.
 * :func:`depth_smoothness`: ``|theta_{l+1} - theta_l| / |theta_l|`` per weight group (an ODE
   limit needs weights that vary smoothly with depth; unrelated weights of equal norm give
   ``sqrt(2)``).

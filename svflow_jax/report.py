@@ -1,9 +1,10 @@
 """Writing a verification run: ``summary.json``, CSV tables, PNG figures and ``report.md``.
 
 Everything here reads the claim results of :mod:`svflow_jax.verify` (``summary["claims"]``); it
-measures nothing. The schema of ``summary.json`` is documented in the README ("The verify
-report"). Timings (``timings``, ``compile``, the ``seconds`` of each claim and of each sweep
-point) are the only values that change between two runs with the same options.
+measures nothing. The schema of ``summary.json`` is documented in ``docs/reports.md`` (the
+documentation's "Report formats"). Timings (``timings``, ``compile``, the ``seconds`` of each
+claim and of each sweep point) are the only values that change between two runs with the same
+options.
 """
 
 from __future__ import annotations

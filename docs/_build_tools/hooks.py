@@ -10,6 +10,10 @@
 * **API pages** are one ``::: module`` directive each, rendered by mkdocstrings from the
   docstrings.
 * **The home page figure** (``figures/claim.png``) is measured by ``claim_figure.py``.
+* **Formulas** become MathML when each page is rendered (``maths.py``), on the Markdown and the
+  notebook pages alike: the built site shows its maths without fetching anything.
+* **Results** pages (``docs/results/*.md``, one per study) are listed under "Results", in the
+  order of ``RESULTS``; a results page missing from it fails the build.
 * **``docs/theory.md``** indents list continuations by 2 spaces (formulas inside a bullet by 6),
   as GitHub renders them; Python-Markdown needs 4, so the hook adds 2 spaces to the indented
   lines of its lists before rendering (the file itself is left as it is).
@@ -27,6 +31,7 @@ from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import claim_figure  # noqa: E402
+import maths  # noqa: E402
 import notebook_cache  # noqa: E402
 
 ROOT = notebook_cache.ROOT
@@ -39,6 +44,25 @@ HOWTO = [
     {"Write your own layer design": "howto/layer-design.md"},
     {"Train a layer design": "howto/train-a-design.md"},
 ]
+
+RESULTS = [
+    {"Overview": "results/index.md"},
+    {"Verify: run times and compilations": "results/verify-times.md"},
+    {"Real checkpoints": "results/real-checkpoints.md"},
+    {"Layer designs, trained": "results/layer-designs.md"},
+    {"Diagnostics under prefix shuffling": "results/diagnostics.md"},
+    {"Objective and MoE balancing": "results/objective-moe.md"},
+    {"Benchmark": "results/benchmark.md"},
+    {"Against PyTorch": "results/peer-benchmark.md"},
+]
+
+
+def _check_results_listed() -> None:
+    listed = {path for entry in RESULTS for path in entry.values()}
+    present = {f"results/{p.name}" for p in (ROOT / "docs" / "results").glob("*.md")}
+    if listed != present:
+        raise ValueError(f"docs/results/ and hooks.RESULTS differ: only listed "
+                         f"{sorted(listed - present)}, only present {sorted(present - listed)}")
 
 
 def public_modules() -> list[str]:
@@ -80,6 +104,7 @@ def _api_nav(modules: list[str]) -> list:
 
 
 def on_config(config):
+    _check_results_listed()
     nav = [
         {"Home": "index.md"},
         {"Theory": "theory.md"},
@@ -87,6 +112,7 @@ def on_config(config):
                        for p in notebook_cache.notebooks()]},
         {"How-to guides": HOWTO},
         {"Report formats": "reports.md"},
+        {"Results": RESULTS},
         {"API reference": _api_nav(public_modules())},
     ]
     config["nav"] = nav
@@ -144,6 +170,20 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri == "theory.md":
         return two_space_lists(markdown)
     return markdown
+
+
+def _toc_maths(items, where: str) -> None:
+    for item in items:
+        item.title = maths.render_title(item.title, where)
+        _toc_maths(item.children, where)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    rendered, count = maths.render(html, page.file.src_uri)
+    _toc_maths(page.toc, page.file.src_uri)  # the headings' formulas, in the side bar
+    if count:
+        log.debug("svflow docs: %d formulas of %s rendered as MathML", count, page.file.src_uri)
+    return rendered
 
 
 def on_files(files: Files, config) -> Files:
