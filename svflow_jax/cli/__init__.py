@@ -53,5 +53,5 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # svflow_jax.xla_settings: before JAX starts its CPU client; a user's XLA_FLAGS win
     use_project_flags(quick=args.command == "verify" and args.quick)
-    sub = parser._subparsers._group_actions[0].choices[args.command]  # for error messages
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # pyright: ignore  (private)
     return runtime.execute(args.run, args, sub)

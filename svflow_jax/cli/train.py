@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (ValueError, TypeError, KeyError) as err:
         raise runtime.UsageError(str(err)) from None
     check_sizes(config)
-    design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in config.model.design)
+    design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(config.model.design))
     out = Path(args.out or runtime.default_out("train", design))
     args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
     from ..environment import environment
