@@ -15,21 +15,29 @@ batch 16, AdamW with warm-up and cosine decay (:mod:`svflow_jax.objective.train`
 * the plain Transformer (dense GELU FFN of width 128: attention is the only posterior), with
   no regulariser (``none``, the "attention-only" control) and with ``jvar`` (part 4).
 
-Every run is evaluated every ``eval_every`` steps on the validation text: loss, ECE, expert
-usage entropy / maximum load / dead experts per layer, router and attention entropies, J_var
-per branch and the gradient coupling of posterior and scores (``docs/theory.md``, section 20).
-Intervals: 95% Student t over seeds.
+Every run is evaluated at step 0, every ``eval_every`` steps and at the end on the validation
+text: loss, ECE, expert usage entropy / maximum load / dead experts per layer, router and
+attention entropies, J_var per branch and the gradient coupling of posterior and scores
+(``docs/theory.md``, section 20). Table intervals: 95% Student t over seeds.
+
+Verdicts (:func:`verdicts`): every statement is decided by one-sided Student-t bounds over
+seeds (paired by seed where two arms are compared) at level ``1 - ALPHA / m``, Bonferroni over
+all ``m`` decisions, against thresholds and directions fixed in this file before any run; a
+decision with one seed is undecided. Top-1 arms are trained and tabled but not counted: their
+renormalised routing weight is exactly 1, so no task gradient reaches the router and they
+cannot test the mechanism. "Attention trains stably" needs attention to have left its
+initialisation (its entropy fell from step 0) as well as not collapsed.
 
 Outputs in ``--out``: ``config.json``, ``runs.jsonl`` (every run's history and environment;
 an interrupted experiment resumes from it), ``curves.csv`` (one row per run, step and layer),
 ``final.csv`` (one row per run), ``table.csv`` and ``summary.json`` (per arm, with intervals
 and verdicts), ``report.md`` and PNG figures.
 
-Sizes: the default (3 seeds, 120 steps, 30 runs) took 19.7 minutes on 2 CPU cores shared with
-four other jobs (load average 6-9), so it fits the 45-minute budget with room; ``--steps 240``
-should fit 45 minutes on 2 idle cores by extrapolation (not run). ``--quick`` (CI) trains top-1
-only, 1 seed, 12 steps, d = 32, 16 validation sequences (72 s at load average 6, all six
-runs; the smoke test runs two of them for 2 steps).
+Sizes: 3 seeds of 120 steps (30 runs) took 19.7 minutes on 2 CPU cores shared with four other
+jobs (load average 6-9); the default is now 5 seeds (50 runs, about 33 minutes by that
+measurement, not yet run). ``--quick`` (CI) trains top-1 only, 1 seed, 12 steps, d = 32, 16
+validation sequences (72 s at load average 6, all six runs; the smoke test runs two of them
+for 2 steps).
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
 
-DEFAULT = dict(seeds=3, steps=120, top_ks=[1, 2], methods=["none", "switch", "popkl", "jvar"],
+DEFAULT = dict(seeds=5, steps=120, top_ks=[1, 2], methods=["none", "switch", "popkl", "jvar"],
                dense_methods=["none", "jvar"], eval_every=50, eval_sequences=64, coef=0.01,
                d_model=64, n_layers=2, n_heads=4, d_ff=64, dense_d_ff=128, context=64,
                batch_size=16, lr=3e-3, warmup=30)
@@ -74,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/objective_moe", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run")
-    p.add_argument("--seeds", type=positive_int, help="seeds per arm (default 3; quick 1)")
+    p.add_argument("--seeds", type=positive_int, help="seeds per arm (default 5; quick 1)")
     p.add_argument("--steps", type=positive_int, help="optimiser steps per run (default 120)")
     p.add_argument("--top-ks", type=positive_int, nargs="+",
                    help=f"MoE top-k values, at most {N_EXPERTS} (default 1 2)")
@@ -174,58 +182,126 @@ def aggregate(runs: list[dict]) -> dict:
     return table
 
 
-def _get(table, name, m):
-    return table.get(name, {}).get(m, {}).get("mean", float("nan"))
+ALPHA = 0.05  # family-wise error rate of all the verdicts' decisions together (Bonferroni)
+MARGIN = 0.05  # non-inferiority margin of "as well as Switch", in normalised usage entropy
+ATTENTION_FLOOR = 0.25  # "no collapse": attention entropy above this share of the uniform's
 
 
-def verdicts(table: dict, top_ks: list[int]) -> dict:
-    """Each statement's criterion, the numbers it read and ``reproduced`` (True/False/None)."""
+def per_seed(runs: list[dict], row: str = "final") -> dict[tuple[str, int], dict]:
+    """``{(arm, seed): scalars}`` of every run's final evaluation (``row="first"``: its step-0
+    evaluation, before any training)."""
     out = {}
-    collapse = {}
-    for k in top_ks:
-        h, dead = _get(table, f"moe top-{k} / none", "usage_entropy_norm"), _get(
-            table, f"moe top-{k} / none", "dead")
-        collapse[k] = None if math.isnan(h) else bool(h < 0.75 or dead >= 1)
-    known = [v for v in collapse.values() if v is not None]
-    out["moe_collapses"] = {
-        "criterion": "no balancing: mean normalised usage entropy H(f)/log E < 0.75 or >= 1 "
-                     "dead expert per layer (mean over seeds), for every top-k",
-        "numbers": {f"top-{k}": {"usage_entropy_norm": _get(table, f"moe top-{k} / none",
-                                                            "usage_entropy_norm"),
-                                 "dead": _get(table, f"moe top-{k} / none", "dead")}
-                    for k in top_ks},
-        "reproduced": (all(known) if known else None)}
-    a = _get(table, "dense / none", "attn_entropy_norm")
-    out["attention_healthy"] = {
-        "criterion": "plain Transformer, no regulariser: mean attention entropy >= 0.25 of the "
-                     "uniform posterior's (no head collapse on average) and finite loss",
-        "numbers": {"attn_entropy_norm": a, "val_bpc": _get(table, "dense / none", "val_bpc")},
-        "reproduced": None if math.isnan(a) else bool(a >= 0.25)}
-    for key, method in (("popkl_as_switch", "popkl"), ("jvar_as_switch", "jvar")):
-        res, nums = [], {}
-        for k in top_ks:
-            hs = _get(table, f"moe top-{k} / switch", "usage_entropy_norm")
-            hm = _get(table, f"moe top-{k} / {method}", "usage_entropy_norm")
-            dm = _get(table, f"moe top-{k} / {method}", "dead")
-            nums[f"top-{k}"] = {"switch": hs, method: hm, f"{method}_dead": dm}
-            if not (math.isnan(hs) or math.isnan(hm)):
-                res.append(bool(hm >= hs - 0.05 and dm < 1))
-        out[key] = {"criterion": f"{method}'s mean normalised usage entropy >= Switch's - 0.05 "
-                                 "and < 1 dead expert per layer, for every top-k",
-                    "numbers": nums, "reproduced": all(res) if res else None}
-    ca = [_get(table, name, "coupling_attn_cos") for name in table]
-    cf = [_get(table, name, "coupling_ffn_cos") for name in table if name.startswith("moe")]
-    ca, cf = np.asarray(ca, float), np.asarray(cf, float)
-    ca_m = float(np.nanmean(ca)) if np.isfinite(ca).any() else float("nan")
-    cf_m = float(np.nanmean(cf)) if np.isfinite(cf).any() else float("nan")
-    out["coupling"] = {
-        "criterion": "final coupling cosine, mean over arms and layers: attention > 0.5 and "
-                     "abs(MoE) < 0.1 (top-1 MoE: the renormalised weight is exactly 1, no router "
-                     "gradient from the loss at all, cosine undefined)",
-        "numbers": {"attention": ca_m, "moe": cf_m},
-        "reproduced": (None if math.isnan(ca_m) else bool(ca_m > 0.5 and (
-            math.isnan(cf_m) or abs(cf_m) < 0.1)))}
+    for r in runs:
+        values = r["final"] if row == "final" else r["history"][0]
+        out[(arm(r["config"]), r["config"]["seed"])] = scalars(values, r["config"])
     return out
+
+
+def decision(what: str, values: list[float], side: str, threshold: float) -> dict:
+    """One decision from the per-seed ``values`` (paired differences or values): its one-sided
+    Student-t bound at level ``1 - ALPHA / m`` (filled in by :func:`decide`) must lie above
+    (``side="above"``) or below the ``threshold`` fixed before the run."""
+    v = [float(x) for x in values if math.isfinite(x)]
+    return {"what": what, "values": v, "side": side, "threshold": threshold}
+
+
+def decide(decisions: list[dict]) -> None:
+    """Fills in each decision's ``mean``, ``bound`` and ``passed`` (``None`` with fewer than 2
+    seeds), Bonferroni over all ``m`` decisions: bound ``mean -+ t_{1 - ALPHA/m, n-1} s /
+    sqrt(n)``."""
+    from svflow_jax.fitting import t_quantile
+
+    m = len(decisions)
+    for d in decisions:
+        v = np.asarray(d["values"])
+        d["comparisons"] = m
+        d["mean"] = float(v.mean()) if v.size else math.nan
+        if v.size < 2:
+            d["bound"], d["passed"] = math.nan, None
+            continue
+        half = t_quantile(1 - ALPHA / m, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+        d["bound"] = d["mean"] - half if d["side"] == "above" else d["mean"] + half
+        d["passed"] = bool(d["bound"] > d["threshold"] if d["side"] == "above"
+                           else d["bound"] < d["threshold"])
+
+
+def _paired(by: dict, a: str, b: str, measure: str) -> list[float]:
+    """``b - a`` of ``measure`` per seed where both arms ran."""
+    seeds = sorted(s for (n, s) in by if n == a and (b, s) in by)
+    return [by[(b, s)][measure] - by[(a, s)][measure] for s in seeds]
+
+
+def _verdict(decisions: list[dict]) -> bool | None:
+    passed = [d["passed"] for d in decisions]
+    if not decisions or any(p is None for p in passed):
+        return None
+    return all(passed)
+
+
+def verdicts(runs: list[dict], top_ks: list[int]) -> dict:
+    """Each statement's criterion, its decisions (per-seed values, one-sided bound at the
+    Bonferroni-adjusted level, threshold) and ``reproduced`` (True/False/None), every threshold
+    and expected direction fixed here, before any run. Top-1 arms cannot test the routing
+    mechanism (the renormalised top-1 weight is 1: no task gradient reaches the router) and are
+    left out of the MoE decisions."""
+    final, first = per_seed(runs), per_seed(runs, "first")
+    routed = [k for k in top_ks if k >= 2]
+    plan: dict[str, list[dict]] = {}
+    plan["moe_collapses"] = [decision(
+        f"top-{k}: H(f)/log E of switch - none (paired by seed)",
+        _paired(final, f"moe top-{k} / none", f"moe top-{k} / switch", "usage_entropy_norm"),
+        "above", 0.0) for k in routed]
+    dense = sorted(s for (n, s) in final if n == "dense / none")
+    plan["attention_healthy"] = [
+        decision("dense / none: attention entropy (share of uniform), final - step 0",
+                 [final[("dense / none", s)]["attn_entropy_norm"]
+                  - first[("dense / none", s)]["attn_entropy_norm"] for s in dense],
+                 "below", 0.0),
+        decision("dense / none: attention entropy (share of uniform), final",
+                 [final[("dense / none", s)]["attn_entropy_norm"] for s in dense],
+                 "above", ATTENTION_FLOOR)]
+    for key, method in (("popkl_as_switch", "popkl"), ("jvar_as_switch", "jvar")):
+        plan[key] = []
+        for k in routed:
+            plan[key] += [
+                decision(f"top-{k}: H(f)/log E of {method} - switch (paired by seed)",
+                         _paired(final, f"moe top-{k} / switch", f"moe top-{k} / {method}",
+                                 "usage_entropy_norm"), "above", -MARGIN),
+                decision(f"top-{k}: dead experts per layer with {method}",
+                         [v["dead"] for (n, _), v in final.items()
+                          if n == f"moe top-{k} / {method}"], "below", 1.0)]
+    def mean(values: list[float]) -> float:
+        finite = [x for x in values if math.isfinite(x)]
+        return float(np.mean(finite)) if finite else math.nan
+
+    seeds = sorted({s for (_, s) in final})
+    attn = [mean([v["coupling_attn_cos"] for (n, t), v in final.items() if t == s])
+            for s in seeds]
+    moe = [mean([v["coupling_ffn_cos"] for (n, t), v in final.items()
+                 if t == s and any(n.startswith(f"moe top-{k} ") for k in routed)])
+           for s in seeds]
+    plan["coupling"] = [decision("attention coupling cosine (mean over arms, per seed)", attn,
+                                 "above", 0.5),
+                        decision("MoE (top-k >= 2) coupling cosine, per seed", moe, "above",
+                                 -0.1),
+                        decision("MoE (top-k >= 2) coupling cosine, per seed", moe, "below",
+                                 0.1)]
+    decide([d for ds in plan.values() for d in ds])
+    criteria = {
+        "moe_collapses": "without balancing the routing is less balanced than with the Switch "
+                         "loss: the paired difference's lower bound > 0, every top-k >= 2",
+        "attention_healthy": "the plain Transformer's attention has left its initialisation "
+                             "(entropy fell: upper bound < 0) and has not collapsed (lower "
+                             f"bound > {ATTENTION_FLOOR} of the uniform posterior's entropy)",
+        "popkl_as_switch": f"not worse than Switch by more than {MARGIN} (lower bound of the "
+                           "paired difference) and < 1 dead expert per layer (upper bound)",
+        "jvar_as_switch": f"not worse than Switch by more than {MARGIN} (lower bound of the "
+                          "paired difference) and < 1 dead expert per layer (upper bound)",
+        "coupling": "by the cosine proxy of section 20: attention's lower bound > 0.5 and the "
+                    "MoE router's bounds inside (-0.1, 0.1)",
+    }
+    return {key: {"criterion": criteria[key], "decisions": ds, "reproduced": _verdict(ds)}
+            for key, ds in plan.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,14 +401,20 @@ def markdown_table(table: dict) -> str:
 
 
 def verdict_lines(v: dict) -> str:
-    lines = ["| paper's statement (our reading) | criterion | measured | verdict |",
-             "|---|---|---|---|"]
+    m = next((d["comparisons"] for e in v.values() for d in e["decisions"]), 0)
+    lines = [f"Each verdict rests on one-sided Student-t bounds over seeds at level 1 - "
+             f"{ALPHA}/{m} ({m} decisions, Bonferroni); a decision with fewer than 2 seeds is "
+             "undecided.", "",
+             "| paper's statement (our reading) | criterion | decisions: mean, bound vs "
+             "threshold (seeds) | verdict |", "|---|---|---|---|"]
     for key, text in STATEMENTS.items():
         e = v[key]
         word = {True: "reproduced", False: "not reproduced", None: "undecided"}[e["reproduced"]]
-        nums = json.dumps(e["numbers"], default=lambda x: round(x, 3))
-        nums = json.dumps(json.loads(nums, parse_float=lambda s: round(float(s), 3)))
-        lines.append(f"| {text} | {e['criterion']} | `{nums}` | **{word}** |")
+        parts = [f"{d['what']}: {d['mean']:.3f}, {'lower' if d['side'] == 'above' else 'upper'}"
+                 f" {d['bound']:.3f} {'>' if d['side'] == 'above' else '<'} "
+                 f"{d['threshold']:g}? ({len(d['values'])})" for d in e["decisions"]]
+        lines.append(f"| {text} | {e['criterion']} | {'; '.join(parts) or 'no arm'} | "
+                     f"**{word}** |")
     return "\n".join(lines)
 
 
@@ -360,7 +442,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     from svflow_jax.tables import write_csv
 
     table = aggregate(runs)
-    v = verdicts(table, s["top_ks"])
+    v = verdicts(runs, s["top_ks"])
     write_csvs(out, runs)
     write_csv(out / "table.csv", [{"arm": n, "seeds": r["seeds"],
                                    **{m: r[m]["mean"] for m in MEASURES if m in r},

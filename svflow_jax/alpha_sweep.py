@@ -5,10 +5,11 @@ F_t(y)`` (:func:`svflow_jax.correspondence.to_flow`). Its branch outputs are lin
 maps (attention ``W_O, b_O``; FFN ``W_down, b_down`` or ``W_out, b_out``, every expert's in a
 MoE), so multiplying layer ``l``'s output maps by ``alpha_l`` multiplies its field by
 ``alpha_l``: the step of layer ``l`` becomes ``alpha_l h`` with every stage still reading layer
-``l``'s weights. The same scaled flow is then integrated by the block's own scheme (``euler``:
-Euler for a parallel block, Lie-Trotter of Euler steps for a sequential one), by ``strang``
-(Strang splitting of the attention and FFN fields, sequential blocks) and by ``heun``,
-``midpoint`` and ``rk4`` on the sum field ``F_A + F_F``, one step per layer.
+``l``'s weights. The same scaled flow is then integrated, one step per layer, by the block's
+own scheme (``euler``: Euler for a parallel block, Lie-Trotter of Euler steps for a sequential
+one) and by any method of the solver catalogue with a step in ``R^d``: a splitting
+(``strang``, ...) splits the attention and FFN fields of a sequential block, a single-field
+method (``heun``, ``midpoint``, ``rk4``, ...) integrates the sum field ``F_A + F_F``.
 
 :func:`alpha_sweep` measures the next-token loss (and perplexity) for a global ``alpha`` per
 scheme, for one layer's ``alpha`` at a time (Euler: which layers' step sizes matter), and for
@@ -23,33 +24,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jaxtyping import Array, Float
 
 from . import correspondence
 from .claims.core import ClaimResult, Evidence
-from .solvers import RK4, Strang
+from .next_token import next_token_nll
+from .solvers import catalogue
 from .transformer import TransformerConfig, layer_params
+from .transformer.lens import final_logits
 
-__all__ = ["OUTPUT_MAPS", "SWEEP_SCHEMES", "AlphaOptions", "QUICK_ALPHA", "scale_updates",
+__all__ = ["OUTPUT_MAPS", "AlphaOptions", "QUICK_ALPHA", "sweep_scheme_names", "scale_updates",
            "scheme_states", "alpha_sweep"]
 
 #: The parameters each branch's output is linear in (layer-stacked, leading axis L).
 OUTPUT_MAPS = ("wo", "bo", "w_down", "b_down", "w_out", "b_out")
-
-#: Scheme name -> (block override or None, solver factory or None for the block's own,
-#: field evaluations per layer).
-SWEEP_SCHEMES: dict[str, tuple[str | None, Callable[[], Any] | None, int]] = {
-    "euler": (None, None, 1),
-    "strang": ("sequential", lambda: Strang(diffrax.Euler()), 2),
-    "heun": ("parallel", diffrax.Heun, 2),
-    "midpoint": ("parallel", diffrax.Midpoint, 2),
-    "rk4": ("parallel", RK4, 4),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class AlphaOptions:
@@ -57,26 +49,38 @@ class AlphaOptions:
 
     Attributes:
         alphas: global step multipliers, for every scheme (must include 1).
-        schemes: keys of :data:`SWEEP_SCHEMES`.
+        schemes: ``euler`` (the model's own scheme) and methods of the solver catalogue with a
+            step in ``R^d`` (:func:`sweep_scheme_names`).
         layer_alphas: multipliers applied to one layer at a time (Euler; 0 removes the layer).
         profiles: slopes ``a`` of the linear profiles ``1 + a (2 l / (L - 1) - 1)`` (Euler).
+        windows: how many of the given text windows the sweep reads (the first ones; it
+            integrates the flow about 150 times, so it reads fewer than the other studies).
     """
 
     alphas: tuple[float, ...] = (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5)
     schemes: tuple[str, ...] = ("euler", "strang", "heun", "midpoint", "rk4")
     layer_alphas: tuple[float, ...] = (0.0, 0.5, 1.5)
     profiles: tuple[float, ...] = (-0.4, -0.2, 0.2, 0.4)
+    windows: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or (
+                self.windows < 1):
+            raise ValueError(f"windows must be a positive integer, got {self.windows!r}")
         if 1.0 not in self.alphas:
             raise ValueError(f"alphas must include 1 (the model itself), got {self.alphas}")
         bad = [a for a in (*self.alphas, *self.layer_alphas)
                if not (isinstance(a, int | float) and 0 <= a <= 10)]
         if bad:
             raise ValueError(f"alphas must be numbers in [0, 10], got {bad}")
-        unknown = [s for s in self.schemes if s not in SWEEP_SCHEMES]
+        unknown = [s for s in self.schemes if s not in sweep_scheme_names()]
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {sorted(SWEEP_SCHEMES)}")
+            raise ValueError(f"unknown schemes {unknown}; known: {sweep_scheme_names()}")
+
+
+def sweep_scheme_names() -> list[str]:
+    """``euler`` and every method of the solver catalogue with a step in ``R^d``."""
+    return ["euler", *[n for n in catalogue.names(ambient=True) if n != "euler"]]
 
 
 QUICK_ALPHA = AlphaOptions(alphas=(0.5, 0.9, 1.0, 1.1, 1.5), schemes=("euler", "heun", "rk4"),
@@ -93,13 +97,20 @@ def scale_updates(params: dict[str, Array], alpha: Float[Array, " L"]) -> dict[s
     return out
 
 
-def _scheme_config(config: TransformerConfig, scheme: str) -> tuple[TransformerConfig, Any]:
-    block, factory, _ = SWEEP_SCHEMES[scheme]
-    if block == "sequential" and config.block != "sequential":
-        raise ValueError(f"scheme {scheme!r} splits attention and FFN: it needs a sequential "
-                         f"block, the model's is {config.block!r}")
-    cfg = config if block is None else dataclasses.replace(config, block=block)
-    return cfg, None if factory is None else factory()
+def _scheme_config(config: TransformerConfig, scheme: str
+                   ) -> tuple[TransformerConfig, Any, float]:
+    """``(config the flow is stepped as, solver or None for the block's own, evaluations of
+    the whole field per layer)`` of ``scheme``."""
+    if scheme == "euler":
+        return config, None, 1.0
+    method = catalogue.get(scheme)
+    if method.is_splitting:
+        if config.block != "sequential":
+            raise ValueError(f"scheme {scheme!r} splits attention and FFN: it needs a "
+                             f"sequential block, the model's is {config.block!r}")
+        return config, method.ambient, method.evaluations_per_step
+    return (dataclasses.replace(config, block="parallel"), method.ambient,
+            method.evaluations_per_step)
 
 
 @eqx.filter_jit
@@ -112,15 +123,18 @@ def scheme_states(config: TransformerConfig, params: dict[str, Array], x0: Array
                   scheme: str, alpha: Float[Array, " L"]) -> Array:
     """The final hidden states (before the final Norm) of the flow with layer steps
     ``alpha_l h``, integrated by ``scheme`` (one step per layer)."""
-    cfg, solver = _scheme_config(config, scheme)
+    cfg, solver, _ = _scheme_config(config, scheme)
     return _final_states(config, cfg, solver, params, jnp.asarray(alpha, x0.dtype), x0)
 
 
-def _loss(lm, states: Array, targets: Array) -> float:
-    from .inspection import _scores
+@nnx.jit
+def _nll(lm, states: Array, targets: Array) -> Array:
+    return next_token_nll(final_logits(lm, states), targets)
 
-    nll, _ = _scores(lm, states, targets)
-    return float(np.asarray(nll, np.float64).mean())
+
+def _loss(lm, states: Array, targets: Array) -> float:
+    """Mean next-token loss (nats, computed in float32) of the final ``states``."""
+    return float(np.asarray(_nll(lm, states, targets), np.float64).mean())
 
 
 def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None,
@@ -139,9 +153,10 @@ def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None
     correspondence.check_supported(config)
     if config.norm_position != "pre":
         raise ValueError("the alpha sweep scales the residual updates of a pre-norm model")
-    schemes = [s for s in options.schemes
-               if SWEEP_SCHEMES[s][0] != "sequential" or config.block == "sequential"]
+    schemes = [s for s in options.schemes if s == "euler" or config.block == "sequential"
+               or not catalogue.get(s).is_splitting]
     params = layer_params(lm.transformer)
+    windows = windows[: options.windows]
     tokens, targets = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
     x0 = lm.embeddings(tokens)
     L = config.n_layers
@@ -154,8 +169,10 @@ def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None
                      "loss_change": loss - base})
 
     for scheme in schemes:
+        cost = _scheme_config(config, scheme)[2]
         for a in options.alphas:
-            measure(scheme, np.full(L, a), kind="global", alpha=float(a))
+            measure(scheme, np.full(L, a), kind="global", alpha=float(a),
+                    evaluations_per_layer=cost)
         if progress:
             progress(f"alpha {scheme}")
     for layer in range(L):
@@ -168,7 +185,8 @@ def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None
     ramp = 2 * np.arange(L) / max(L - 1, 1) - 1
     for slope in options.profiles:
         measure("euler", 1 + slope * ramp, kind="profile", slope=float(slope))
-    figures: dict[str, Any] = {"loss_model": base, "perplexity_model": float(np.exp(base))}
+    figures: dict[str, Any] = {"loss_model": base, "perplexity_model": float(np.exp(base)),
+                               "tokens": int(tokens.size)}
     for scheme in schemes:
         glob = [r for r in rows if r["kind"] == "global" and r["scheme"] == scheme]
         best = min(glob, key=lambda r: r["loss"])

@@ -63,6 +63,11 @@ def positive_float(text: str) -> float:
     return _float_in(text, lambda v: math.isfinite(v) and v > 0, "a finite positive number")
 
 
+def step_multiplier(text: str) -> float:
+    """An argparse type: a step-size multiplier ``alpha`` in ``[0, 10]``."""
+    return _float_in(text, lambda v: 0 <= v <= 10, "a number in [0, 10]")
+
+
 def fraction(text: str) -> float:
     """An argparse type: a number in ``[0, 1]``."""
     return _float_in(text, lambda v: 0 <= v <= 1, "a number in [0, 1]")

@@ -42,10 +42,12 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from . import correspondence, packaged
+from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep
 from .checkpoints import LoadedModel, load
 from .claims.core import ClaimResult, Evidence
 from .solvers import catalogue
 from .transformer import TransformerConfig, TransformerLM, layer_params
+from .transformer.lens import decompose_logits, final_logits, logit_lens
 
 __all__ = [
     "InspectOptions",
@@ -62,7 +64,8 @@ __all__ = [
     "layer_groups",
 ]
 
-QUICK = dict(windows=1, window=24, substeps=(2, 4), exactness_tokens=16)
+QUICK = dict(windows=1, window=24, substeps=(2, 4), exactness_tokens=16, alpha=QUICK_ALPHA,
+             lens=True)
 
 
 
@@ -83,6 +86,10 @@ class InspectOptions:
         substeps: Euler sub-steps per layer of the refinement study (each > 1).
         schemes: higher-order methods of the refinement study (:func:`scheme_names`).
         exactness_tokens: tokens of the exactness check (float64 and float32).
+        alpha: the grid of the step-size sweep (:mod:`svflow_jax.alpha_sweep`); ``None`` skips
+            it.
+        lens: also read the model layer by layer (:func:`lens`: the logit lens after every
+            sub-step and the exact decomposition of the logits).
     """
 
     windows: int = 8
@@ -90,6 +97,8 @@ class InspectOptions:
     substeps: tuple[int, ...] = (2, 4, 8)
     schemes: tuple[str, ...] = ("heun", "rk4")
     exactness_tokens: int = 64
+    alpha: AlphaOptions | None = AlphaOptions()
+    lens: bool = False
 
     def __post_init__(self) -> None:
         for name in ("windows", "window", "exactness_tokens"):
@@ -348,8 +357,7 @@ def _scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Ar
     """Next-token negative log-likelihood and argmax of each position, from the last states."""
     from .next_token import next_token_nll  # the project's one next-token loss
 
-    x = states if lm.transformer.final_norm is None else lm.transformer.final_norm(states)
-    logits = lm.logits(x)
+    logits = final_logits(lm, states)
     return next_token_nll(logits, targets), jnp.argmax(logits, axis=-1)
 
 
@@ -433,6 +441,62 @@ def refinement(
 
 
 # ============================================================================================
+# The step-size sweep and the lens
+# ============================================================================================
+
+
+def _alpha_sweep(loaded: LoadedModel, windows: np.ndarray, options: AlphaOptions
+                 ) -> ClaimResult:
+    """:func:`svflow_jax.alpha_sweep.alpha_sweep`, or a skipped result for a model it cannot
+    sweep (an encoder, a post-norm stack, a model ``to_flow`` refuses)."""
+    start = time.perf_counter()
+    try:
+        return alpha_sweep(loaded, windows, options)
+    except ValueError as err:
+        return _result("alpha-sweep", "The step-size sweep needs a causal pre-norm language "
+                       "model that is exactly its flow.",
+                       Evidence(None, {"skipped": str(err)}, "skipped"), start)
+
+
+def lens(loaded: LoadedModel, windows: np.ndarray, top_k: int = 5) -> ClaimResult:
+    """The model read layer by layer (:mod:`svflow_jax.transformer.lens`) on the first window:
+    the logit lens after every sub-step (rows ``kind="lens"``: state, next-token loss, the
+    top-1 token of the last position) and the direct-logit decomposition of the target tokens'
+    logits (rows ``kind="component"``: mean and mean absolute contribution over the positions).
+    Figures: the loss of the embedding and of the model, the components with the largest
+    mean absolute contribution, and ``remainder``, the largest ``|logits - sum of
+    contributions|`` relative to the largest ``|logit|`` (round-off: the decomposition is
+    exact)."""
+    start = time.perf_counter()
+    lm = loaded.model
+    statement = ("Every sub-step's contribution to the prediction: the logit lens, and the "
+                 "logits split exactly into the embedding's and each branch's parts.")
+    try:
+        tokens, targets = jnp.asarray(windows[0, :-1]), jnp.asarray(windows[0, 1:])
+        readout = logit_lens(lm, tokens, targets, top_k=top_k)
+        dec = decompose_logits(lm, tokens, targets[:, None])
+    except ValueError as err:  # post-norm, or no LM head
+        return _result("lens", statement, Evidence(None, {"skipped": str(err)}, "skipped"),
+                       start)
+    loss = np.asarray(readout.loss, float)
+    top1 = np.asarray(readout.top_ids[:, -1, 0])
+    decode = getattr(loaded.tokenizer, "decode", None)
+    rows: list[dict[str, Any]] = [
+        {"kind": "lens", "state": i, "label": label, "loss": float(loss[i]),
+         "top1_last_position": decode([int(top1[i])]) if decode else int(top1[i])}
+        for i, label in enumerate(readout.labels)]
+    contrib = np.asarray(dec.contributions[..., 0], float)  # (components, n)
+    rows += [{"kind": "component", "component": name, "mean": float(contrib[k].mean()),
+              "mean_abs": float(np.abs(contrib[k]).mean())}
+             for k, name in enumerate(dec.names)]
+    largest = np.argsort(-np.abs(contrib).mean(1))[:3]
+    figures = {"loss_embedding": float(loss[0]), "loss_model": float(loss[-1]),
+               "largest_components": [dec.names[k] for k in largest],
+               "remainder": dec.remainder, "tokens": int(tokens.shape[0])}
+    return _result("lens", statement, Evidence(None, figures, "exact to round-off", rows), start)
+
+
+# ============================================================================================
 # All together
 # ============================================================================================
 
@@ -441,9 +505,10 @@ def progress_steps(loaded: LoadedModel, options: InspectOptions) -> int:
     """How many times :func:`inspect_model` calls ``progress``: once per measurement, and in
     the refinement study once per integration of the flow (the model itself, each Euler
     sub-step count, each scheme) when the model has a language-model head."""
+    steps = 4 + (options.alpha is not None) + options.lens
     if not loaded.config.lm_head:
-        return 4
-    return 4 + 1 + len(options.substeps) + len(options.schemes)
+        return steps
+    return steps + 1 + len(options.substeps) + len(options.schemes)
 
 
 def inspect_model(
@@ -462,7 +527,12 @@ def inspect_model(
                       ("geometry", lambda: geometry(loaded, windows)),
                       ("depth-smoothness", lambda: depth_smoothness(loaded)),
                       ("refinement", lambda: refinement(loaded, windows, options.substeps,
-                                                        options.schemes, progress))):
+                                                        options.schemes, progress)),
+                      ("alpha-sweep", lambda: _alpha_sweep(loaded, windows, options.alpha)),
+                      ("lens", lambda: lens(loaded, windows))):
+        if (name == "alpha-sweep" and options.alpha is None) or (name == "lens"
+                                                                 and not options.lens):
+            continue
         results.append(run())
         if progress:
             progress(name)

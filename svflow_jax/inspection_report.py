@@ -125,8 +125,42 @@ def markdown(summary: dict[str, Any]) -> str:
                   "Ratios |x_(2m) - x_m| / |x_(4m) - x_(2m)| of the final states for Euler "
                   f"sub-steps: {', '.join(_fmt(r) for r in f['richardson_ratios']) or 'n/a'} "
                   "(2 in the asymptotic regime of a first-order method).", ""]
-    lines += ["Figures: `geometry.png`, `depth_smoothness.png`, `refinement.png`. Tables: "
-              "`*.csv`. Everything: `summary.json`.", ""]
+    sweep = res.get("alpha-sweep")
+    if sweep and "loss_model" in sweep["figures"]:
+        f = sweep["figures"]
+        glob = [r for r in sweep["rows"] if r["kind"] == "global"]
+        alphas = sorted({r["alpha"] for r in glob})
+        schemes = list(dict.fromkeys(r["scheme"] for r in glob))
+        table = [{"scheme": sc, **{f"alpha {a:g}": next(r["perplexity"] for r in glob
+                                                          if r["scheme"] == sc and r["alpha"] == a)
+                                   for a in alphas}} for sc in schemes]
+        layer_rows = [r for r in sweep["rows"] if r["kind"] == "layer"]
+        lowering = sorted({r["layer"] for r in layer_rows if r["loss_change"] < 0})
+        lines += ["## The step-size sweep", "",
+                  "Every layer's step h scaled by alpha (its output maps scaled, so its field "
+                  "is), the same flow integrated one step per layer by each method; perplexity "
+                  "(the model: alpha = 1 with euler, "
+                  f"{_fmt(f['perplexity_model'])}):", "", _table(table), "",
+                  "One layer's alpha changed at a time (Euler): the layers that move the loss "
+                  f"most are {', '.join(map(str, f['layers_that_matter_most']))}; changes that "
+                  f"lower the loss: {f['one_layer_changes_that_lower_the_loss']} (layers "
+                  f"{', '.join(map(str, lowering)) or 'none'}). Rows: `alpha-sweep.csv`.", ""]
+    lens_res = res.get("lens")
+    if lens_res and "remainder" in lens_res["figures"]:
+        f = lens_res["figures"]
+        states = [r for r in lens_res["rows"] if r["kind"] == "lens"]
+        lines += ["## The model layer by layer", "",
+                  f"Logit lens on {f['tokens']} tokens: next-token loss "
+                  f"{_fmt(f['loss_embedding'])} nats read off the embedding, "
+                  f"{_fmt(f['loss_model'])} at the output. The target logits split into the "
+                  "embedding's and every branch's contribution (final Norm linearised at the "
+                  f"final state) with a relative remainder of {_fmt(f['remainder'])} "
+                  f"(round-off); largest: {', '.join(f['largest_components'])}.", "",
+                  _table(layer_groups_by_index(states, 8)), ""]
+    lines += ["Figures: `geometry.png`, `depth_smoothness.png`, `refinement.png`"
+              + (", `alpha_sweep.png`" if sweep and "loss_model" in sweep["figures"] else "")
+              + (", `lens.png`" if lens_res and "remainder" in lens_res["figures"] else "")
+              + ". Tables: `*.csv`. Everything: `summary.json`.", ""]
     if line := provenance(summary.get("environment")):
         lines += [line, ""]
     return "\n".join(lines)
@@ -187,6 +221,58 @@ def _figures(out: Path, summary: dict[str, Any]) -> None:
         ax.set_title("refinement: the same flow, integrated more finely", fontsize=10)
         ax.legend(fontsize=8)
         save_figure(fig, out / "refinement.png")
+    _sweep_and_lens_figures(out, summary, plt)
+
+
+def layer_groups_by_index(rows: list[dict[str, Any]], groups: int) -> list[dict[str, Any]]:
+    """Every ``len(rows) / groups``-th row (the first and the last always): a short table of a
+    long per-state list."""
+    if len(rows) <= groups:
+        return rows
+    picks = sorted({round(i * (len(rows) - 1) / (groups - 1)) for i in range(groups)})
+    return [rows[i] for i in picks]
+
+
+def _sweep_and_lens_figures(out: Path, summary: dict[str, Any], plt) -> None:
+    res = _by_name(summary)
+    sweep = res.get("alpha-sweep")
+    if sweep and "loss_model" in sweep["figures"]:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        glob = [r for r in sweep["rows"] if r["kind"] == "global"]
+        for scheme in dict.fromkeys(r["scheme"] for r in glob):
+            rows = [r for r in glob if r["scheme"] == scheme]
+            axes[0].semilogy([r["alpha"] for r in rows], [r["perplexity"] for r in rows],
+                             "o-", ms=3, label=scheme)
+        axes[0].axvline(1.0, color="gray", ls=":")
+        axes[0].set_xlabel("alpha (every layer's step h scaled)")
+        axes[0].set_ylabel("perplexity")
+        axes[0].set_title("perplexity against (method, alpha)", fontsize=10)
+        axes[0].legend(fontsize=8)
+        layer_rows = [r for r in sweep["rows"] if r["kind"] == "layer"]
+        for a in dict.fromkeys(r["alpha"] for r in layer_rows):
+            rows = [r for r in layer_rows if r["alpha"] == a]
+            axes[1].plot([r["layer"] for r in rows], [r["loss_change"] for r in rows], "o-",
+                         ms=3, label=f"alpha_l = {a:g}")
+        axes[1].axhline(0, color="gray", lw=0.5)
+        axes[1].set_xlabel("layer l (its step alone scaled)")
+        axes[1].set_ylabel("change of the loss (nats)")
+        axes[1].set_title("one layer at a time (Euler)", fontsize=10)
+        axes[1].legend(fontsize=8)
+        save_figure(fig, out / "alpha_sweep.png")
+    lens_res = res.get("lens")
+    if lens_res and "remainder" in lens_res["figures"]:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        states = [r for r in lens_res["rows"] if r["kind"] == "lens"]
+        axes[0].semilogy([r["state"] for r in states], [r["loss"] for r in states], ".-")
+        axes[0].set_xlabel("state (0: embedding, then after each sub-step)")
+        axes[0].set_ylabel("next-token loss (nats)")
+        axes[0].set_title("logit lens", fontsize=10)
+        comps = [r for r in lens_res["rows"] if r["kind"] == "component"]
+        axes[1].bar(range(len(comps)), [r["mean"] for r in comps])
+        axes[1].set_xlabel("component (0: embedding, then each branch)")
+        axes[1].set_ylabel("mean contribution to the target logit")
+        axes[1].set_title("direct logit decomposition (exact)", fontsize=10)
+        save_figure(fig, out / "lens.png")
 
 
 def write_inspection(out: str | Path, summary: dict[str, Any]) -> Path:

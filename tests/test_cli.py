@@ -60,6 +60,10 @@ def test_every_help_documents_the_exit_codes(capsys):
     (["train", "--d-model", "8192", "--d-ff", "8192", "--batch-size", "4096"], "--d-"),
     (["train", "--seed", str(2**64)], "--seed: must be a seed"),
     (["diagnose", "--seed", "-1"], "--seed"),
+    (["inspect", "smollm2-135m-instruct", "--alphas", "0.5", "2"], "must include 1"),
+    (["inspect", "smollm2-135m-instruct", "--alphas", "11"], "--alphas: must be a number in "
+                                                             "[0, 10], got '11'"),
+    (["inspect", "smollm2-135m-instruct", "--alpha-schemes", "nope"], "unknown schemes ['nope']"),
 ])
 def test_sizes_and_seeds_out_of_bounds_exit_2_naming_the_option(argv, named, capsys, tmp_path):
     refused([*argv, "--out", str(tmp_path / "out")], named, capsys)

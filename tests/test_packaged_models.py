@@ -116,10 +116,23 @@ def test_inspect_quick_on_smollm2(smollm2, tmp_path, capsys, monkeypatch):
     assert exact["relative_float64"] <= 3e-14 and exact["relative_float32"] <= 1e-5
     refine = results["refinement"]["figures"]
     assert refine["euler_x1_change"] <= 1e-5 and abs(refine["loss_change_euler_x1"]) <= 1e-4
+    # the step-size sweep: Euler at alpha = 1 is the model (the refinement's euler x1 loss)
+    sweep = results["alpha-sweep"]
+    euler = {r["alpha"]: r for r in sweep["rows"]
+             if r["kind"] == "global" and r["scheme"] == "euler"}
+    assert sorted(euler) == [0.5, 0.9, 1.0, 1.1, 1.5]
+    assert euler[1.0]["loss"] == pytest.approx(refine["loss_model"], rel=1e-5)
+    assert {r["scheme"] for r in sweep["rows"] if r["kind"] == "global"} == {
+        "euler", "heun", "rk4"}
+    assert len([r for r in sweep["rows"] if r["kind"] == "layer"]) == 30
+    lens = results["lens"]["figures"]
+    assert lens["remainder"] < 1e-5 and lens["loss_model"] == pytest.approx(
+        refine["loss_model"], rel=1e-5)
     for name in ("report.md", "geometry.png", "depth_smoothness.png", "refinement.png",
-                 "refinement.csv"):
+                 "refinement.csv", "alpha_sweep.png", "alpha-sweep.csv", "lens.png"):
         assert (out / name).is_file(), name
-    assert "Refinement consistency" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Refinement consistency" in report and "The step-size sweep" in report
 
 
 def test_fetch_refuses_a_wheel_with_another_hash(tmp_path, monkeypatch):

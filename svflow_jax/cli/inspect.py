@@ -8,7 +8,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from ..cli_types import int_at_least, positive_int
+from ..cli_types import int_at_least, positive_int, step_multiplier
 from . import runtime
 from .common import add_run_options, subcommand
 
@@ -24,8 +24,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "whether its own flow reproduces every hidden state (float64, float32), how each "
         "layer moves the tokens, how smooth the weights are in depth, and how the next-token "
         "loss and the final states change when the same flow is integrated with Euler "
-        "sub-steps and higher-order methods per layer. Writes summary.json, CSV, PNG and "
-        "report.md to --out. Exit code 1: the flow does not reproduce the model.")
+        "sub-steps and higher-order methods per layer; the step-size sweep (every layer's step "
+        "h scaled by alpha, globally, one layer at a time and along linear profiles, "
+        "integrated by Euler and other methods); with --lens the logit lens after every "
+        "sub-step and the exact decomposition of the logits into the embedding's and each "
+        "branch's contributions. Writes summary.json, CSV, PNG and report.md to --out. Exit "
+        "code 1: the flow does not reproduce the model.")
     p.add_argument("model", help="packaged model name, Hugging Face folder or GGUF file")
     p.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
                    "shipped with the package)")
@@ -38,11 +42,41 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "step in R^d (svflow train --list-designs lists them; default heun rk4)")
     p.add_argument("--exactness-tokens", type=positive_int,
                    help="tokens of the float64/float32 exactness check (default 64)")
+    p.add_argument("--alphas", type=step_multiplier, nargs="+", metavar="ALPHA",
+                   help="global step multipliers of the step-size sweep, including 1 (default "
+                   "0.5 0.7 0.8 0.9 1 1.1 1.2 1.3 1.5)")
+    p.add_argument("--alpha-schemes", nargs="+", metavar="METHOD",
+                   help="methods of the step-size sweep: euler (the model's own) and methods "
+                   "of the solver catalogue with a step in R^d (default euler strang heun "
+                   "midpoint rk4)")
+    p.add_argument("--layer-alphas", type=step_multiplier, nargs="*", metavar="ALPHA",
+                   help="multipliers applied to one layer at a time, 0 removing it (default "
+                   "0 0.5 1.5; none: skip)")
+    p.add_argument("--no-alpha-sweep", action="store_true", help="skip the step-size sweep")
+    p.add_argument("--lens", action="store_true",
+                   help="the logit lens and the exact logit decomposition (on by --quick)")
     p.add_argument("--quick", action="store_true",
-                   help="1 window of 24 tokens, sub-steps 2 4, 16 exactness tokens")
+                   help="1 window of 24 tokens, sub-steps 2 4, 16 exactness tokens, a small "
+                   "step-size sweep, the lens")
     add_run_options(p, "inspect")
     p.set_defaults(run=run)
     return p
+
+
+def alpha_options(args: argparse.Namespace, quick_default):
+    """The step-size sweep's grid from ``--alphas``, ``--alpha-schemes``, ``--layer-alphas``
+    (``None`` with ``--no-alpha-sweep``); ``quick_default`` fills in what is not given."""
+    if args.no_alpha_sweep:
+        return None
+    from ..alpha_sweep import AlphaOptions
+
+    given = {k: tuple(v) for k, v in (("alphas", args.alphas), ("schemes", args.alpha_schemes),
+                                      ("layer_alphas", args.layer_alphas)) if v is not None}
+    base = dataclasses.asdict(quick_default) if quick_default is not None else {}
+    try:
+        return AlphaOptions(**{**base, **given})
+    except ValueError as err:
+        raise runtime.UsageError(f"--alphas/--alpha-schemes: {err}") from None
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -52,6 +86,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     given = {k: (tuple(v) if isinstance(v, list) else v) for k in (
         "windows", "window", "substeps", "schemes", "exactness_tokens")
         if (v := getattr(args, k)) is not None}
+    given["alpha"] = alpha_options(args, QUICK["alpha"] if args.quick else None)
+    if args.lens:
+        given["lens"] = True
     try:
         options = InspectOptions(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:

@@ -34,10 +34,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from ..next_token import next_token_nll
 from .model import Block, TransformerLM
 
 __all__ = ["Decomposition", "Lens", "component_names", "residual_contributions",
-           "decompose_logits", "logit_lens"]
+           "decompose_logits", "final_logits", "logit_lens"]
 
 
 def _check_pre_norm(model: TransformerLM) -> None:
@@ -155,6 +156,14 @@ def decompose_logits(
                          logits=logits, token_ids=token_ids, remainder=float(gap))
 
 
+def final_logits(model: TransformerLM, states: Float[Array, "... n d"]
+                 ) -> Float[Array, "... n V"]:
+    """The logits the model would output if the residual stream ended at ``states``: the final
+    Norm (when the model has one) and the unembedding."""
+    norm = model.transformer.final_norm
+    return model.logits(norm(states) if norm is not None else states)
+
+
 @dataclasses.dataclass(frozen=True)
 class Lens:
     """The logit lens after every sub-step: ``top_ids[m]`` the ``top_k`` tokens of state ``m``
@@ -178,16 +187,13 @@ def logit_lens(
     state at a time, so the ``(states, n, V)`` logits are never held at once)."""
     _check_pre_norm(model)
     states = model.hidden_states(tokens, positions=positions, substeps=True)
-    norm = model.transformer.final_norm
 
     def read(x: Array):
-        logits = model.logits(norm(x) if norm is not None else x)
+        logits = final_logits(model, x)
         top = jax.lax.top_k(logits, top_k)[1]
         if targets is None:
             return top, jnp.zeros((), logits.dtype)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        return top, nll.mean()
+        return top, next_token_nll(logits, targets, logits.dtype).mean()
 
     top, loss = jax.lax.map(read, states)
     subs = list(component_names(model)[1:])
