@@ -37,7 +37,7 @@ CLOSE_LOSS, CLOSE_STATES = 0.05, 0.05
 def conclusion(summary: dict[str, Any]) -> str:
     """The run's conclusion in one or two sentences: whether the model is exactly a solver of
     its flow, whether its depth is close to that flow's solution (the largest change of loss
-    and final states under refinement, against :data:`CLOSE_LOSS` and :data:`CLOSE_STATES`),
+    and final states under refinement, against ``CLOSE_LOSS`` and ``CLOSE_STATES``),
     and, for a quick run, its sample size."""
     res = _by_name(summary)
     ex, ref = res.get("exactness"), res.get("refinement")

@@ -3,7 +3,8 @@
 A family whose tensors are one matrix per role (Llama's ``q_proj``, ``k_proj``, ...) lists its
 names in a ``names`` mapping from our roles to source names (``{i}`` is the layer index) and
 gets its specs from :func:`layer_specs`, :func:`embedding_specs` and :func:`norm_specs`; a
-family with fused tensors writes those few specs itself with :func:`split_heads` and friends.
+family with fused tensors writes those few specs itself with ``in_heads``, ``out_heads``
+and ``heads``.
 
 Source layouts (PyTorch ``nn.Linear``, ``(out, in)``) and ours (``d`` hidden size, ``H``/``G``
 query/key-value heads, ``dk`` head width):

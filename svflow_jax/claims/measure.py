@@ -20,7 +20,7 @@ CPU, and TF32's ``2^-11`` under a GPU's default precision, where XLA rounds a fl
 multiply's inputs to TF32: the tolerances follow what the hardware was asked to do, and
 ``summary.json`` records it (:func:`precision_in_force`). Orders pass within
 :data:`ORDER_TOLERANCE` of theory (order >= 5: from ``order - 0.2`` to ``order +``
-:data:`HIGH_ORDER_EXCESS`; :func:`order_passes`), fitted over the asymptotic window
+``HIGH_ORDER_EXCESS``; :func:`order_passes`), fitted over the asymptotic window
 (:func:`fit_window`).
 """
 

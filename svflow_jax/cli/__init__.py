@@ -34,7 +34,7 @@ SUBCOMMANDS = (verify, sweep, inspect, diagnose, train)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``svflow`` parser: one subparser per module of :data:`SUBCOMMANDS`."""
+    """The ``svflow`` parser: one subparser per module of ``SUBCOMMANDS``."""
     parser = argparse.ArgumentParser(
         prog="svflow", epilog=runtime.EPILOG,
         description="Score-based Variational Flow on the sphere: a Transformer is an Euler step.",

@@ -56,7 +56,7 @@ FLOW_OPTIONS = ("seed", "dtype", "tokens", "dim", "layers", "t1", "strength", "r
 def flow_options(args: argparse.Namespace, quick: bool = False):
     """The validated :class:`~svflow_jax.claims.Options`: explicit options win, ``--quick``
     fills in its small defaults, the rest are the library defaults; then the size bounds
-    (:func:`check_sizes`). ``UsageError`` naming the option."""
+    (``check_sizes``). ``UsageError`` naming the option."""
     from ..claims import QUICK, Options
 
     given = {k: getattr(args, k) for k in FLOW_OPTIONS if getattr(args, k, None) is not None}

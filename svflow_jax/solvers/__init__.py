@@ -40,7 +40,7 @@ keep the method's order.
 (a solver that leaves the sphere, fields the solver cannot take, a state off the sphere, ...)
 and an error (never a silently wrong state) when the solve fails, e.g. by running out of
 ``max_steps``. :mod:`.catalogue` names the methods (:data:`CATALOGUE`, :class:`Method`,
-:func:`get`): one record per method, read by every ``svflow`` command and the notebooks
+``catalogue.get``): one record per method, read by every ``svflow`` command and the notebooks
 (:mod:`.registry` keeps the former names ``SOLVERS``, ``SolverSpec``, ``get_solver``).
 
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates

@@ -47,7 +47,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +197,7 @@ def fit(
     out: str | Path | None = None,
     checkpoint_every: int = 0,
     stop_after: int | None = None,
-    devices=None,
+    devices: Sequence[Any] | None = None,
     fingerprint: Mapping[str, Any] | None = None,
     on_mismatch: str = "refuse",
     progress: bool = False,
@@ -219,7 +219,8 @@ def fit(
         devices: the devices to shard the batch over (default: all).
         fingerprint: recorded in ``out/run.json`` beside the device count, compared at resume.
         on_mismatch: ``"refuse"`` (``ValueError``) or ``"warn"`` when ``run.json`` differs.
-        progress, description: a tqdm progress bar and its label.
+        progress: show a tqdm progress bar.
+        description: the progress bar's label.
 
     Raises:
         TrainingDiverged: at the first non-finite loss.
