@@ -83,7 +83,7 @@ def sweep_scheme_names() -> list[str]:
     return ["euler", *[n for n in catalogue.names(ambient=True) if n != "euler"]]
 
 
-QUICK_ALPHA = AlphaOptions(alphas=(0.5, 0.9, 1.0, 1.1, 1.5), schemes=("euler", "heun", "rk4"),
+QUICK_ALPHA = AlphaOptions(alphas=(0.5, 1.0, 1.5), schemes=("euler", "heun", "rk4"),
                            layer_alphas=(0.0,), profiles=(0.2,))
 
 
