@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import statistics
 import time
@@ -635,7 +634,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "benchmark.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    from svflow_jax.atomic import write_json
+
+    write_json(path, result)
     print_report(result)
     print(f"\nwrote {path} ({result['summary']['wall_s']:.0f} s)")
     return result

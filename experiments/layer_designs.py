@@ -264,6 +264,8 @@ def figures(out: Path, s, runs, interval) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from svflow_jax.reporting import save_figure
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for design in s["designs"]:
         keys = [(design, k) for k in range(s["seeds"]) if (design, k) in runs]
@@ -285,9 +287,7 @@ def figures(out: Path, s, runs, interval) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"equal compute: {s['budget']} field evaluations per forward pass")
-    fig.tight_layout()
-    fig.savefig(out / "validation_curves.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "validation_curves.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for design in s["designs"]:
@@ -304,9 +304,7 @@ def figures(out: Path, s, runs, interval) -> None:
     ax.set_title("depth transfer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "depth_transfer.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "depth_transfer.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for design in s["designs"]:
@@ -319,9 +317,7 @@ def figures(out: Path, s, runs, interval) -> None:
     ax.set_title("adaptive depth (PID controller, seed 0)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "adaptive_depth.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "adaptive_depth.png")
 
 
 def write_report(out: Path, s, results) -> None:

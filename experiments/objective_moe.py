@@ -338,6 +338,9 @@ def figures(out: Path, runs: list[dict]) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from svflow_jax.reporting import save_figure
+
     warnings.filterwarnings("ignore", "Mean of empty slice")
     warnings.filterwarnings("ignore", "No artists with labels")
     names = []
@@ -360,9 +363,7 @@ def figures(out: Path, runs: list[dict]) -> list[str]:
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
-        plt.close(fig)
+        save_figure(fig, out / fname)
         names.append(fname)
 
     plot("usage_entropy_norm", "expert usage entropy H(f) / log E (mean over layers, seeds)",

@@ -834,9 +834,11 @@ def main(argv: list[str] | None = None) -> dict:
         "summary": {"agreement_ok": all(e["agreement"]["ok"] for r in runs
                                         for e in r["cases"].values())},
     }
-    (out_dir / "peer_benchmark.json").write_text(json.dumps(result, indent=1))
+    from svflow_jax.atomic import write_json, write_text
+
+    write_json(out_dir / "peer_benchmark.json", result, indent=1)
     table = markdown(result)
-    (out_dir / "peer_benchmark.md").write_text(table)
+    write_text(out_dir / "peer_benchmark.md", table)
     print(table)
     return result
 

@@ -23,11 +23,12 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["write_bytes", "write_text", "write_json", "dumps", "strict_json", "append_line",
-           "read_jsonl"]
+__all__ = ["replacing", "write_bytes", "write_text", "write_json", "dumps", "strict_json",
+           "append_line", "read_jsonl"]
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -40,14 +41,18 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: str | Path, data: bytes) -> None:
-    """Replaces ``path`` by ``data`` atomically (module docstring). On any error the old file
-    (or its absence) is left as it was and the temporary file is removed."""
+@contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new content into, for writers that take a file (a
+    Matplotlib figure, ``np.savez``): the content goes to a temporary file in the same folder,
+    which replaces ``path`` atomically when the block ends without an error (module
+    docstring). On any error the old file (or its absence) is left as it was and the temporary
+    file is removed."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -56,6 +61,12 @@ def write_bytes(path: str | Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     _fsync_folder(path.parent)
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Replaces ``path`` by ``data`` atomically (:func:`replacing`)."""
+    with replacing(path) as f:
+        f.write(data)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .atomic import dumps, write_json, write_text
+from .atomic import dumps, replacing, write_json, write_text
 
 __all__ = [
     "fmt",
@@ -101,7 +101,8 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> str:
 
     path = Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    with replacing(path) as f:  # atomic, as every file the project writes
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi)
     plt.close(fig)
     return path.name
 

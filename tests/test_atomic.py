@@ -82,3 +82,33 @@ def test_a_damaged_line_inside_a_log_is_refused(tmp_path):
     with pytest.raises(ValueError, match="line 2 is not a JSON record"):
         atomic.read_jsonl(path, repair=True)
     assert atomic.read_jsonl(tmp_path / "absent.jsonl") == []
+
+
+def test_a_figure_and_an_npz_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Writers that take a file (Matplotlib, ``np.savez``) go through ``atomic.replacing``: a
+    failure inside the writer leaves the old file and no temporary file behind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from svflow_jax.reporting import save_figure
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    assert save_figure(fig, tmp_path / "f.png") == "f.png"
+    png = (tmp_path / "f.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    fig, _ = plt.subplots()
+    monkeypatch.setattr(fig, "savefig", lambda *a, **k: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError, match="disk"):
+        save_figure(fig, tmp_path / "f.png")
+    assert (tmp_path / "f.png").read_bytes() == png
+    with atomic.replacing(tmp_path / "a.npz") as f:
+        np.savez(f, x=np.arange(3))
+    with pytest.raises(RuntimeError, match="killed"), atomic.replacing(tmp_path / "a.npz") as f:
+        np.savez(f, x=np.arange(5))
+        raise RuntimeError("killed mid-write")
+    assert np.load(tmp_path / "a.npz")["x"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "f.png"]

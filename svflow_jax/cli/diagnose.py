@@ -98,12 +98,15 @@ def _save_data(path: Path, data) -> None:
     """The raw per-window arrays of the shuffle study (every analysis can be recomputed)."""
     import numpy as np
 
+    from ..atomic import replacing
+
     arrays = {f"metric_{k}": v for k, v in data.metrics.items()}
     arrays.update({f"per_head_{k}": v for k, v in data.per_head.items()})
     for k in ("nll", "confidence", "correct"):
         if getattr(data, k) is not None:
             arrays[k] = getattr(data, k)
-    np.savez_compressed(path, levels=np.asarray(data.levels), **arrays)
+    with replacing(path) as f:
+        np.savez_compressed(f, levels=np.asarray(data.levels), **arrays)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
