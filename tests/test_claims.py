@@ -136,6 +136,10 @@ def test_high_orders_pass_in_a_band_not_at_any_higher_order():
     assert not measure.order_passes(4.79, 5) and not measure.order_passes(6.01, 5)
     assert measure.order_passes(8.9, 8) and not measure.order_passes(9.1, 8)
     assert measure.order_passes(4.14, 4) and not measure.order_passes(4.2, 4)
+    # with the fit's interval: above 8 + 1 fails only when the whole interval is (the default
+    # run's Dopri8 fits 9.06 [7.89, 10.2]); the lower limit order - 0.2 is unchanged
+    assert measure.order_passes(9.06, 8, 7.89) and not measure.order_passes(9.5, 8, 9.02)
+    assert not measure.order_passes(7.7, 8, 7.0) and not measure.order_passes(6.5, 5, 6.1)
 
 
 def test_fit_window_keeps_only_the_asymptotic_points():

@@ -46,7 +46,7 @@ __all__: list[str] = []
 
 def _order(steps, errors, expected: float) -> tuple[dict, bool]:
     fit = fit_window(steps, errors, floor=0.0)
-    return fit, _passes(fit["fitted_order"], expected)
+    return fit, _passes(fit["fitted_order"], expected, fit["order_ci"][0])
 
 
 @claim("standard-layer/one-step-gap", "stacks",
