@@ -25,8 +25,10 @@ def test_bad_options_exit_2_before_anything_is_written(tmp_path, bad, named):
 
 def test_quick_experiment_writes_the_report(tmp_path):
     out = tmp_path / "ld"
-    proc = run_script("layer_designs.py", "--quick", "--out", str(out), "--no-progress")
+    proc = run_script("layer_designs.py", "--quick", "--part", "designs", "--out", str(out),
+                      "--no-progress")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "baseline").exists()  # the other part
     results = json.loads((out / "results.json").read_text())
     assert results["environment"]["cpu_count"] == os.cpu_count()
     rows = {r["design"]: r for r in results["austen"]}
@@ -56,3 +58,34 @@ def test_quick_experiment_writes_the_report(tmp_path):
         assert (out / name).stat().st_size > 1000
     with open(out / "table.csv") as f:
         assert [row["design"] for row in csv.DictReader(f)] == ["euler", "heun"]
+
+
+def test_quick_baseline_part(tmp_path):
+    """``--part baseline --quick``: the learning-rate sweep over the recipe's grid, the recipe,
+    both recall tasks; the report and the figure; run again, it resumes (trains nothing)."""
+    from svflow_jax.training.recipes import LR_GRID
+
+    out = tmp_path / "ld"
+    proc = run_script("layer_designs.py", "--quick", "--part", "baseline", "--out", str(out),
+                      "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "runs").exists()  # the other part
+    base = out / "baseline"
+    results = json.loads((base / "results.json").read_text())
+    assert [row["lr"] for row in results["sweep"]] == list(LR_GRID)
+    best = min(results["sweep"], key=lambda row: row["val_bpc"])["lr"]
+    assert results["sweep_best_lr"] == best
+    assert results["recipe_lr_is_sweep_best"] == (best == results["recipe"]["lr"])
+    steps = [row[0] for row in results["curve"]]
+    assert steps == sorted(steps) and steps[-1] == results["recipe"]["steps"]
+    assert results["final_bpc"] == results["curve"][-1][3] and 0 < results["final_bpc"] < 8.5
+    assert results["tokens_per_s"] > 0
+    assert set(results["recall"]) == {"recall", "recall1"}
+    assert all(0 <= r["val_accuracy"] <= 1 for r in results["recall"].values())
+    report = (base / "report.md").read_text()
+    assert f"| {results['recipe']['lr']:g} |" in report and "| recall1 |" in report
+    assert (base / "curve.png").stat().st_size > 1000
+    again = run_script("layer_designs.py", "--quick", "--part", "baseline", "--out", str(out),
+                       "--no-progress")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((base / "results.json").read_text())["final_bpc"] == results["final_bpc"]

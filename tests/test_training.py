@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from svflow_jax.designs import DESIGNS, DesignConfig
-from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, train
+from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, get_task, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = DesignConfig(d_model=16, n_heads=2, d_head=8, d_ff=32, num_steps=2, num_anchors=2,
@@ -121,11 +121,46 @@ def test_tasks_are_sound():
         for i in range(17, 21):
             assert y[b, i] == pairs[pairs[x[b, i]]]
     assert w.sum() == 16 * 4 and w[:, 17:].all()
+    one = get_task("recall1")
+    x, y, w = one.batch(0, 0, 16)
+    assert one.vocab_size == 17 and x.shape == (16, 25) and (x[:, 16] == 16).all()
+    for b in range(16):  # keys 0..7 each once, values 8..15 each once, one look-up per query
+        keys, values = x[b, 0:16:2], x[b, 1:16:2]
+        assert sorted(keys) == list(range(8)) and sorted(values) == list(range(8, 16))
+        for i in range(17, 25):
+            assert y[b, i] == x[b, 1 + list(x[b, :16]).index(x[b, i])]
+    assert w[:, 17:].all() and w.sum() == 16 * 8
+    with pytest.raises(ValueError, match="separate_values needs hops=1"):
+        MultiHopRecall(hops=2, separate_values=True)
     with pytest.raises(ValueError, match="unknown task"):
         TrainConfig(task="wiki")
     with pytest.raises(ValueError, match="divisible"):
         train(TrainConfig(model=TINY, batch_size=3, steps=1), progress=False,
               devices=[jax.devices()[0]] * 2)
+
+
+def test_svflow_train_runs_the_recipe_by_default(capsys):
+    """``svflow train`` with no options is the tuned baseline of
+    :mod:`svflow_jax.training.recipes` (a pre-norm Transformer), ``--task recall1`` the recall
+    recipe; explicit options win, and ``--help`` states the recipe's values."""
+    from svflow_jax.cli import build_parser
+    from svflow_jax.cli.train import config_from_args
+    from svflow_jax.training.recipes import BASELINE, MODEL, RECALL, recipe
+
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["train"]))
+    assert config == recipe("austen")
+    assert config.model.norm_position == "pre" and config.model.weights == "per_layer"
+    assert (config.model.d_model, config.steps, config.lr) == (
+        MODEL["d_model"], BASELINE["steps"], BASELINE["lr"])
+    recall = config_from_args(parser.parse_args(["train", "--task", "recall1", "--lr", "1e-2"]))
+    assert recall.task == "recall1" and recall.steps == RECALL["steps"] and recall.lr == 1e-2
+    with pytest.raises(SystemExit, match="^0$"):
+        parser.parse_args(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for text in (f"width (default {MODEL['d_model']})", f"(default {BASELINE['steps']})",
+                 f"(default {MODEL['norm_position']})", f"(default {BASELINE['lr']:g})"):
+        assert text in shown, text
 
 
 def test_svflow_train_cli(tmp_path, capsys):
@@ -138,6 +173,7 @@ def test_svflow_train_cli(tmp_path, capsys):
             (["--design", "nope"], "unknown design 'nope'"),
             (["--weights", "cubic"], "argument --weights: invalid choice: 'cubic'"),
             (["--design", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
+            (["--design", "geodesic-euler"], "pre-norm by default: add --norm post"),
             (["--config", "missing.json"], "--config: no such file missing.json")):
         with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])

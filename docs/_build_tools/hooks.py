@@ -49,6 +49,7 @@ RESULTS = [
     {"Overview": "results/index.md"},
     {"Verify: run times and compilations": "results/verify-times.md"},
     {"Real checkpoints": "results/real-checkpoints.md"},
+    {"The baseline recipe": "results/baseline.md"},
     {"Layer designs, trained": "results/layer-designs.md"},
     {"Diagnostics under prefix shuffling": "results/diagnostics.md"},
     {"Objective and MoE balancing": "results/objective-moe.md"},

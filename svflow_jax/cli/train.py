@@ -44,33 +44,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         f"are at most {MAX_WIDTH}, and the model must fit in the machine's memory.")
     p.add_argument("--config", type=Path, help="a config.json of an earlier run (explicit "
                    "options below win)")
-    p.add_argument("--design", help="layer design (default euler)")
-    p.add_argument("--task", choices=["austen", "recall"],
-                   help="austen: byte-level LM on Jane Austen, bits per character; recall: "
-                   "two-hop associative recall, accuracy (default austen)")
+    from ..training.recipes import BASELINE, MODEL, RECALL
+    from ..training.tasks import TASKS
+
+    m, b = argparse.Namespace(**MODEL), argparse.Namespace(**BASELINE)
+    p.add_argument("--design", help=f"layer design (default {m.design})")
+    p.add_argument("--task", choices=list(TASKS),
+                   help="austen: byte-level LM on Jane Austen, bits per character on "
+                   "Persuasion (default); recall: two-hop associative recall, recall1: one-hop "
+                   f"recall, accuracy (both: {RECALL['steps']} steps at --lr {RECALL['lr']:g} by "
+                   "default)")
     p.add_argument("--weights", choices=["per_layer", "linear", "chebyshev"],
-                   help="weights per layer, or continuous in depth (default per_layer)")
+                   help=f"weights per layer, or continuous in depth (default {m.weights})")
     p.add_argument("--norm", dest="norm_position", choices=["post", "pre"],
-                   help="post-norm on the sphere (default) or pre-norm")
-    p.add_argument("--num-steps", type=_positive_int, help="blocks of the stack (default 8)")
+                   help=f"post-norm on the sphere or pre-norm (default {m.norm_position})")
+    p.add_argument("--num-steps", type=_positive_int,
+                   help=f"blocks of the stack (default {m.num_steps})")
     p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
-                   help="weight anchors (layers of weights, default 8)")
-    p.add_argument("--duration", type=_positive_float, help="depth-time T (default 8)")
-    p.add_argument("--d-model", type=_positive_int, help="width (default 64)")
-    p.add_argument("--heads", dest="n_heads", type=_positive_int, help="heads (default 4)")
-    p.add_argument("--d-head", type=_positive_int, help="head width (default 16)")
-    p.add_argument("--d-ff", type=_positive_int, help="FFN width (default 128)")
+                   help=f"weight anchors (layers of weights, default {m.num_anchors})")
+    p.add_argument("--duration", type=_positive_float,
+                   help=f"depth-time T (default {m.duration:g})")
+    p.add_argument("--d-model", type=_positive_int, help=f"width (default {m.d_model})")
+    p.add_argument("--heads", dest="n_heads", type=_positive_int,
+                   help=f"heads (default {m.n_heads})")
+    p.add_argument("--d-head", type=_positive_int, help=f"head width (default {m.d_head})")
+    p.add_argument("--d-ff", type=_positive_int, help=f"FFN width (default {m.d_ff})")
     p.add_argument("--context", type=_positive_int, help="bytes per window (austen; "
-                   "default 64)")
-    p.add_argument("--steps", type=_positive_int, help="optimiser steps (default 200)")
-    p.add_argument("--batch-size", type=_positive_int, help="sequences per step (default 16)")
-    p.add_argument("--lr", type=_positive_float, help="peak learning rate (default 3e-3)")
-    p.add_argument("--warmup", type=_nonnegative_int, help="warm-up steps (default 20)")
+                   f"default {m.context})")
+    p.add_argument("--steps", type=_positive_int, help=f"optimiser steps (default {b.steps})")
+    p.add_argument("--batch-size", type=_positive_int,
+                   help=f"sequences per step (default {b.batch_size})")
+    p.add_argument("--lr", type=_positive_float, help=f"peak learning rate (default {b.lr:g})")
+    p.add_argument("--warmup", type=_nonnegative_int,
+                   help=f"warm-up steps (default {b.warmup})")
     p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
     p.add_argument("--eval-every", type=_nonnegative_int,
-                   help="validation period (default 50; 0: no validation)")
+                   help=f"validation period (default {b.eval_every}; 0: no validation)")
     p.add_argument("--checkpoint-every", type=_nonnegative_int,
-                   help="checkpoint period in steps (default 0: only at the end)")
+                   help=f"checkpoint period in steps (default {b.checkpoint_every}; 0: only "
+                   "at the end)")
     p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
                    help="resuming on another device count or an edited --design module: "
                    "refuse (default) or warn and continue")
@@ -91,9 +103,10 @@ def config_from_args(args: argparse.Namespace):
     inconsistent)."""
     from svflow_jax.designs import DesignConfig
 
+    from ..training.recipes import recipe
     from ..training.trainer import TrainConfig
 
-    base = TrainConfig()
+    base = recipe(args.task or "austen")
     if args.config is not None:
         base = TrainConfig.from_json(json.loads(Path(args.config).read_text()))
     model = {k: getattr(args, k) for k in _MODEL_FIELDS if getattr(args, k) is not None}
@@ -138,7 +151,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = config_from_args(args)
     except (ValueError, TypeError, KeyError) as err:
-        raise runtime.UsageError(str(err)) from None
+        message = str(err)
+        if "no pre-norm form" in message and args.norm_position is None:
+            message += " (svflow train is pre-norm by default: add --norm post)"
+        raise runtime.UsageError(message) from None
     check_sizes(config)
     design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(config.model.design))
     out = Path(args.out or runtime.default_out("train", design))

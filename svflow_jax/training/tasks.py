@@ -4,10 +4,10 @@ A batch is ``(inputs, targets, weights)``, each ``(B, n)``: the model sees ``inp
 scored on ``-log p(targets)`` where ``weights`` is 1 (next-token prediction, causal).
 
 * :class:`AustenBytes`: byte-level language modelling on Jane Austen (shipped with the package,
-  ``svflow_jax/data/austen/``, see its README for provenance). Training windows come from the
-  first 250k characters of *Pride and Prejudice*; validation from *Persuasion*, a held-out
-  novel. The metric is bits per character ``= mean nats / ln 2`` (the text is ASCII: one byte
-  per character).
+  ``svflow_jax/data/austen/``, see its README for provenance). Training windows come from five
+  of the six novels (3.56 million characters); validation from the first 50k characters of
+  *Persuasion*, the held-out sixth. The metric is bits per character ``= mean nats / ln 2``
+  (the text is ASCII: one byte per character).
 * :class:`MultiHopRecall`: the ``S`` pairs ``k f(k)`` of a random permutation ``f`` of ``S``
   symbols, a separator, then query symbols ``x``; the target at each query is ``f^hops(x)``
   (two hops by default). Only the answers are scored; the metric is accuracy. Each hop needs an
@@ -87,12 +87,19 @@ class MultiHopRecall:
     symbols: int = 8
     hops: int = 2
     queries: int = 8
+    separate_values: bool = False
     metric: str = "accuracy"
     name: str = "recall"
 
+    def __post_init__(self):
+        if self.separate_values and self.hops != 1:
+            raise ValueError("separate_values needs hops=1 (a value must be a key again to "
+                             "take another hop)")
+
     @property
     def vocab_size(self) -> int:
-        return self.symbols + 1  # the separator is token S
+        # keys 0..S-1, values S..2S-1 when separate; then the separator
+        return (2 if self.separate_values else 1) * self.symbols + 1
 
     @property
     def context(self) -> int:
@@ -100,6 +107,7 @@ class MultiHopRecall:
 
     def _make(self, rng: np.random.Generator, batch_size: int):
         S, n, Q = self.symbols, self.context, self.queries
+        shift = S if self.separate_values else 0  # value tokens
         inputs = np.zeros((batch_size, n), np.int32)
         targets = np.zeros((batch_size, n), np.int32)
         weights = np.zeros((batch_size, n), np.float32)
@@ -107,14 +115,14 @@ class MultiHopRecall:
             f = rng.permutation(S)
             order = rng.permutation(S)
             inputs[b, 0:2 * S:2] = order
-            inputs[b, 1:2 * S:2] = f[order]
-            inputs[b, 2 * S] = S
+            inputs[b, 1:2 * S:2] = f[order] + shift
+            inputs[b, 2 * S] = self.vocab_size - 1
             x = rng.integers(0, S, Q)
             y = x
             for _ in range(self.hops):
                 y = f[y]
             inputs[b, 2 * S + 1:] = x
-            targets[b, 2 * S + 1:] = y
+            targets[b, 2 * S + 1:] = y + shift
             weights[b, 2 * S + 1:] = 1.0
         return inputs, targets, weights
 
@@ -132,11 +140,17 @@ class MultiHopRecall:
 
 Task = AustenBytes | MultiHopRecall
 
+#: the task names of :func:`get_task`
+TASKS = ("austen", "recall", "recall1")
+
 
 def get_task(name: str, context: int = 64) -> Task:
-    """``"austen"`` (with ``context`` bytes per window) or ``"recall"``."""
+    """``"austen"`` (with ``context`` bytes per window), ``"recall"`` (two hops) or
+    ``"recall1"`` (one hop)."""
     if name == "austen":
         return AustenBytes(context=context)
     if name == "recall":
         return MultiHopRecall()
-    raise ValueError(f"unknown task {name!r}; use 'austen' or 'recall'")
+    if name == "recall1":
+        return MultiHopRecall(hops=1, separate_values=True, name="recall1")
+    raise ValueError(f"unknown task {name!r}; use one of {', '.join(TASKS)}")
