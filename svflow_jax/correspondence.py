@@ -23,9 +23,11 @@ Post-norm exactness needs RMSNorm with ``norm_eps = 0`` and gains of 1 (a gain `
 onto an ellipsoid instead, :func:`ellipsoid_residual`). Pre-norm stacks are exact with what
 real checkpoints use: ``norm_eps`` (the field reads ``y / sqrt(|y|^2 + eps)``), gains (folded
 into the first linear maps), Q/K/V/O and FFN biases (offsets), RoPE (the kernel's position
-rotation) and per-head Q/K RMSNorm (a kernel on the sphere); see :func:`to_flow` and
-docs/theory.md, section 16. LayerNorm is refused. Which solver the stack *is* depends on the
-block:
+rotation; partial rotary embeddings after permuting each head's coordinates), per-head Q/K
+RMSNorm (a kernel on the sphere), a LayerNorm in front of each branch (the field reads the
+centred point ``y - mean(y)``; its bias becomes offsets ``b W``) and the FFN's own
+nonlinearity (GeGLU's GELU gate); see :func:`to_flow` and docs/theory.md, section 16. A
+post-norm LayerNorm is refused. Which solver the stack *is* depends on the block:
 
 =====================  ==============================  ======================================
 block                  post-norm (on the sphere)       pre-norm (ambient ``dy/dt = F(y/|y|)``)
@@ -63,6 +65,7 @@ from .flow import (
     ScoreNetworks,
     SumField,
 )
+from .flow.experts import Nonlinearity
 from .solvers import (
     LieTrotter,
     RetractedEuler,
@@ -94,7 +97,8 @@ __all__ = [
 ]
 
 # Transformer-only parameters that have no flow counterpart but must survive a round trip.
-_PASSTHROUGH = ("norm_attn_gain", "norm_ffn_gain", "norm_gain")
+_PASSTHROUGH = ("norm_attn_gain", "norm_ffn_gain", "norm_gain", "norm_attn_bias",
+                "norm_ffn_bias", "norm_bias")
 
 
 class LayerFlow(eqx.Module):
@@ -109,6 +113,8 @@ class LayerFlow(eqx.Module):
         passthrough: Transformer-only arrays (norm gains), kept for the round trip.
         eps: the pre-norm field reads ``y / sqrt(|y|^2 + eps)`` (the Norm's epsilon; 0: the
             retraction ``y / |y|``).
+        centred: the pre-norm field reads the centred point ``P y = y - mean(y) 1`` (a
+            LayerNorm in front of each branch): ``P y / sqrt(|P y|^2 + eps)``.
     """
 
     attention: AttentionField
@@ -118,6 +124,7 @@ class LayerFlow(eqx.Module):
     num_layers: int = eqx.field(static=True)
     radius: float = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=0.0)
+    centred: bool = eqx.field(static=True, default=False)
 
     @property
     def t1(self) -> float:
@@ -131,9 +138,9 @@ class LayerFlow(eqx.Module):
 
 def check_supported(config: TransformerConfig) -> None:
     """Raises a ``ValueError`` naming every reason ``config`` is not a discretisation of an
-    SVFlow that :func:`to_flow` can express (LayerNorm; eps in a post-norm stack;
-    partial rotary embeddings; an FFN activation the score networks do not have): the bridge's
-    one check, :func:`svflow_jax.bridge.readout.check_supported` with ``flow=True``."""
+    SVFlow that :func:`to_flow` can express (a post-norm LayerNorm; eps in a post-norm stack;
+    a LayerNorm with projected branches or a biased LayerNorm in front of a router): the
+    bridge's one check, :func:`svflow_jax.bridge.readout.check_supported` with ``flow=True``."""
     readout.check_supported(config, flow=True)
 
 
@@ -145,6 +152,40 @@ def _branch_gains(config: TransformerConfig, params: Mapping[str, Array]):
     if config.block == "parallel":
         return params["norm_gain"], params["norm_gain"]
     return params["norm_attn_gain"], params["norm_ffn_gain"]
+
+
+def _branch_biases(config: TransformerConfig, params: Mapping[str, Array]):
+    """The (L, d) biases of the LayerNorms in front of the attention and the FFN branch of a
+    pre-norm stack (``None`` where there are none)."""
+    if config.norm_position != "pre" or not config.has_norm_bias:
+        return None, None
+    if config.block == "parallel":
+        return params["norm_bias"], params["norm_bias"]
+    return params["norm_attn_bias"], params["norm_ffn_bias"]
+
+
+def _bias_image(bias: Array | None, w: Array) -> Array | None:
+    """``b W``: a Norm bias ``b (L, d)`` carried through the first linear map ``w (L, d, ...)``
+    (``None`` without a bias)."""
+    return None if bias is None else jnp.einsum("ld,ld...->l...", bias, w)
+
+
+def _add(a: Array | None, b: Array | None) -> Array | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _rotary_order(config: TransformerConfig) -> Array | None:
+    """Partial rotary embeddings as the kernel's whole-head rotation: the permutation of a
+    head's coordinates that puts the model's rotated pairs ``(i, i + r/2)``, ``i < r/2``, at the
+    kernel's pairs ``(i, i + k/2)`` and the ``k - r`` unrotated coordinates at the remaining
+    pairs (frequency 0). Queries and keys are permuted alike, so every score is unchanged.
+    ``None`` for whole-head rotations."""
+    r, k = (config.rope.rotary_dim if config.rope else None), config.d_head
+    if r is None or r == k:
+        return None
+    half, rest = r // 2, (k - r) // 2
+    return jnp.concatenate([jnp.arange(half), r + jnp.arange(rest), half + jnp.arange(half),
+                            r + rest + jnp.arange(rest)])
 
 
 def _gain_axes(gain: Array, w: Array, experts: bool) -> Array:
@@ -163,24 +204,32 @@ def _unfold(gain: Array | None, w: Array, experts: bool = False) -> Array:
     return w if gain is None else w / _gain_axes(gain, w, experts)
 
 
+def _phi(config: TransformerConfig) -> Nonlinearity | None:
+    """The FFN's nonlinearity where it is not the score networks' default (``None``)."""
+    default = "gelu" if config.expert_kind == "gelu" else "silu"
+    return None if config.ffn_activation == default else config.ffn_activation
+
+
 def _expert_networks(
-    config: TransformerConfig, p: Mapping[str, Array], gain: Array | None
+    config: TransformerConfig, p: Mapping[str, Array], gain: Array | None,
+    norm_bias: Array | None,
 ) -> ScoreNetworks:
-    moe = config.ffn == "moe"
+    moe = config.ffn == "moe"  # (a LayerNorm bias in front of experts is refused)
     expand = (lambda a: a) if moe else (lambda a: a[:, None])  # a dense FFN is one expert
 
     def first(name):  # a first linear map, with the gain of the Norm in front folded in
         return expand(_fold(gain, p[name], experts=moe))
 
-    def bias(name):
-        return expand(p[name]) if name in p else None
+    def bias(name, w=None):  # with a LayerNorm bias b in front: b_in + b W_in
+        b = _add(p.get(name), None if w is None else _bias_image(norm_bias, p[w]))
+        return None if b is None else expand(b)
 
     if config.expert_kind == "gelu":
         return ScoreNetworks(w1=first("w_in"), w2=expand(p["w_out"]), activation="gelu",
-                             b1=bias("b_in"), b2=bias("b_out"))
+                             phi=_phi(config), b1=bias("b_in", "w_in"), b2=bias("b_out"))
     return ScoreNetworks(w1=first("w_gate"), w2=expand(p["w_down"]), w3=first("w_up"),
-                         activation="swiglu", b1=bias("b_gate"), b2=bias("b_down"),
-                         b3=bias("b_up"))
+                         activation="swiglu", phi=_phi(config), b1=bias("b_gate", "w_gate"),
+                         b2=bias("b_down"), b3=bias("b_up", "w_up"))
 
 
 def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow:
@@ -194,7 +243,12 @@ def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow
     sphere (concentration ``1 / sqrt(dk)`` times the gains, eps ``norm_eps / d``); RoPE is the
     kernel's position rotation; ``norm_eps`` stays with the stack (:func:`flow_states` reads the
     pre-norm field at ``y / sqrt(|y|^2 + eps)``). FFN biases pass unchanged (the score networks
-    act on ``rho y``).
+    act on ``rho y``). A LayerNorm in front of a branch, ``g * n(P x) + b`` with ``P`` the
+    centring: the field reads ``P y`` (``LayerFlow.centred``), ``g`` folds like a gain and
+    ``b`` adds ``b W`` to the offsets of every first map ``W`` (``W`` before the gain). Partial
+    rotary embeddings (pairs ``(i, i + r/2)`` of the first ``r`` coordinates): queries and keys
+    are permuted alike onto the kernel's pairs (:func:`_rotary_order`), unrotated pairs at
+    frequency 0. The FFN's nonlinearity is kept (``ScoreNetworks.phi``).
     """
     check_supported(config)
     d, h = config.d_model, float(config.residual_scale)
@@ -205,31 +259,44 @@ def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow
     group = H // config.kv_heads
     dtype = params["wq"].dtype
     g_attn, g_ffn = _branch_gains(config, params)
+    b_attn, _ = _branch_biases(config, params)
+    order = _rotary_order(config)
     # Grouped-query attention: query head h reads key/value head h // group.
     kv = lambda a, axis=2: jnp.repeat(a, group, axis=axis)  # noqa: E731
+    # Partial rotary: queries' and keys' coordinates (last axis) in the kernel's order.
+    turn = (lambda a: a) if order is None else (lambda a: a[..., order])  # noqa: E731
     extra = {}
-    if config.has_qkv_bias:
-        extra.update(query_offset=params["bq"] / radius, key_offset=kv(params["bk"], 1) / radius,
-                     natural_offset=kv(params["bv"], 1) / radius)
+    if config.has_qkv_bias or b_attn is not None:
+        # A LayerNorm bias b reaches the first maps as b W (W before the gain is folded).
+        offsets = {name: _add(params.get(name), _bias_image(b_attn, params[w]))
+                   for name, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv"))}
+        extra.update(query_offset=turn(offsets["bq"]) / radius,
+                     key_offset=turn(kv(offsets["bk"], 1)) / radius,
+                     natural_offset=kv(offsets["bv"], 1) / radius)
     if config.has_out_bias:
         extra["score_offset"] = params["bo"] / radius
     if config.qk_norm:  # queries and keys on a sphere: the radius rho no longer enters
         standard = 1 / math.sqrt(k)
-        extra.update(kernel_gain_query=jnp.repeat(params["q_norm_gain"][:, None], H, axis=1),
-                     kernel_gain_key=jnp.repeat(params["k_norm_gain"][:, None], H, axis=1),
-                     kernel_eps=config.norm_eps / d)
+        extra.update(
+            kernel_gain_query=turn(jnp.repeat(params["q_norm_gain"][:, None], H, axis=1)),
+            kernel_gain_key=turn(jnp.repeat(params["k_norm_gain"][:, None], H, axis=1)),
+            kernel_eps=config.norm_eps / d)
     else:
         standard = d / math.sqrt(k)
     if config.rope is not None:
         frequencies = jnp.asarray(config.rope.inv_freq(k), dtype)
+        frequencies = jnp.zeros(k // 2, dtype).at[: frequencies.shape[0]].set(frequencies)
         extra["rotation_frequencies"] = jnp.broadcast_to(frequencies, (L, k // 2))
     attention = AttentionParams(
-        kernel_query=_fold(g_attn, params["wq"]), kernel_key=kv(_fold(g_attn, params["wk"])),
+        kernel_query=turn(_fold(g_attn, params["wq"])),
+        kernel_key=turn(kv(_fold(g_attn, params["wk"]))),
         concentration=jnp.full((L, H), standard, dtype),
         natural_in=kv(_fold(g_attn, params["wv"])), natural_out=params["wo"], **extra,
     )
     router = RouterPosterior(_fold(g_ffn, params["router"])) if config.ffn == "moe" else None
-    experts = ExpertsParams(experts=_expert_networks(config, params, g_ffn), router=router)
+    _, b_ffn = _branch_biases(config, params)
+    experts = ExpertsParams(experts=_expert_networks(config, params, g_ffn, b_ffn),
+                            router=router)
     return LayerFlow(
         attention=AttentionField(PiecewiseConstant(attention, h), causal=config.causal),
         experts=ExpertsField(PiecewiseConstant(experts, h), top_k=config.top_k, radius=radius),
@@ -238,6 +305,7 @@ def to_flow(config: TransformerConfig, params: Mapping[str, Array]) -> LayerFlow
         num_layers=config.n_layers,
         radius=radius,
         eps=config.norm_eps,
+        centred=config.norm == "layer",
     )
 
 
@@ -279,13 +347,21 @@ def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[st
     with ``qk_norm``) is folded into ``wq`` (a factor of exactly 1 when it matches, so round
     trips are bit-identical). Pre-norm gains are unfolded by division and biases multiplied
     back by ``rho``: those arrays come back within two roundings (``|w' - w| <= 2^-52 |w|`` in
-    float64), the others bit-identical.
+    float64), the others bit-identical. A LayerNorm bias's image ``b W`` is subtracted from
+    the offsets again (a few roundings); partial rotary coordinates are put back in order.
     """
     check_supported(config)
     group = config.n_heads // config.kv_heads
     radius = flow.radius
     theta: AttentionParams = flow.attention.params.anchors
     g_attn, g_ffn = _branch_gains(config, flow.passthrough)
+    b_attn, b_ffn = _branch_biases(config, flow.passthrough)
+    order = _rotary_order(config)
+    if order is not None:  # the model's coordinate order again
+        back = jnp.argsort(order)
+        theta = eqx.tree_at(
+            lambda t: [getattr(t, n) for n in _TURNED if getattr(t, n) is not None], theta,
+            [getattr(theta, n)[..., back] for n in _TURNED if getattr(theta, n) is not None])
     # The same rounding as in to_flow; where the concentration IS that value the factor is set
     # to exactly 1 (in float32, XLA may divide via a rounded reciprocal: 0.99999994).
     value = 1 / math.sqrt(config.d_head) if config.qk_norm else config.d_model / math.sqrt(
@@ -299,9 +375,14 @@ def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[st
         "wv": _unfold(g_attn, theta.natural_in[:, :, ::group]),
         "wo": theta.natural_out,
     }
-    if theta.query_offset is not None:
-        out.update(bq=theta.query_offset * radius, bk=theta.key_offset[:, ::group] * radius,
-                   bv=theta.natural_offset[:, ::group] * radius)
+    if config.has_qkv_bias:
+        assert theta.query_offset is not None and theta.key_offset is not None
+        assert theta.natural_offset is not None  # to_flow sets all three
+        offsets = {"bq": theta.query_offset * radius,
+                   "bk": theta.key_offset[:, ::group] * radius,
+                   "bv": theta.natural_offset[:, ::group] * radius}
+        for b, w in (("bq", "wq"), ("bk", "wk"), ("bv", "wv")):  # less a LayerNorm bias's b W
+            out[b] = offsets[b] if b_attn is None else offsets[b] - _bias_image(b_attn, out[w])
     if theta.score_offset is not None:
         out["bo"] = theta.score_offset * radius
     if theta.kernel_gain_query is not None:
@@ -317,15 +398,24 @@ def to_transformer_params(flow: LayerFlow, config: TransformerConfig) -> dict[st
 
     if nets.activation == "gelu":
         out.update(w_in=first(nets.w1), w_out=squeeze(nets.w2))
-        biases = {"b_in": nets.b1, "b_out": nets.b2}
+        biases = {"b_in": (nets.b1, "w_in"), "b_out": (nets.b2, None)}
     else:
         out.update(w_gate=first(nets.w1), w_up=first(nets.w3), w_down=squeeze(nets.w2))
-        biases = {"b_gate": nets.b1, "b_up": nets.b3, "b_down": nets.b2}
-    out.update({name: squeeze(b) for name, b in biases.items() if b is not None})
+        biases = {"b_gate": (nets.b1, "w_gate"), "b_up": (nets.b3, "w_up"),
+                  "b_down": (nets.b2, None)}
+    if config.has_ffn_bias:
+        for name, (b, w) in biases.items():  # less a LayerNorm bias's b W_in
+            out[name] = squeeze(b) if w is None or b_ffn is None else (
+                squeeze(b) - _bias_image(b_ffn, out[w]))
     if experts.router is not None:
         out["router"] = _unfold(g_ffn, experts.router.weight)
     out.update(flow.passthrough)
     return out
+
+
+# The attention arrays whose last axis is a head's query/key coordinates (partial rotary).
+_TURNED = ("kernel_query", "kernel_key", "query_offset", "key_offset", "kernel_gain_query",
+           "kernel_gain_key")
 
 
 def _block_solver(block: str, step: AbstractSolver) -> AbstractSolver:
@@ -342,25 +432,28 @@ class _Branch(eqx.Module):
     field: SumField | AttentionField | ExpertsField
     kind: str = eqx.field(static=True)
     eps: float = eqx.field(static=True, default=0.0)
+    centred: bool = eqx.field(static=True, default=False)
 
     def __call__(self, t, y, args):
         if self.kind == "riemannian":
             return self.field(t, y)
         if self.kind == "drift":
             return self.field.drift(t, y)
+        u = self.field.ambient(t, y, eps=self.eps, centred=self.centred)
         if self.kind == "ambient":
-            return self.field.ambient(t, y, eps=self.eps)
-        # ambient-projected: P at the direction of S(y), which is R(y)
-        return sphere.project_tangent(sphere.retract(y), self.field.ambient(t, y, eps=self.eps))
+            return u
+        # ambient-projected: P at the direction of S(y), which is R(y) (never centred)
+        return sphere.project_tangent(sphere.retract(y), u)
 
 
 def _terms(flow: LayerFlow, block: str, kind: str):
     """The diffrax term(s) of each block: one field (parallel) or a MultiTerm (splittings)."""
-    eps = flow.eps if kind.startswith("ambient") else 0.0
+    ambient = kind.startswith("ambient")
+    read = dict(eps=flow.eps if ambient else 0.0, centred=ambient and flow.centred)
     if block == "parallel":
-        return ODETerm(_Branch(flow.field, kind, eps))
-    return MultiTerm(ODETerm(_Branch(flow.attention, kind, eps)),
-                     ODETerm(_Branch(flow.experts, kind, eps)))
+        return ODETerm(_Branch(flow.field, kind, **read))
+    return MultiTerm(ODETerm(_Branch(flow.attention, kind, **read)),
+                     ODETerm(_Branch(flow.experts, kind, **read)))
 
 
 def flow_states(

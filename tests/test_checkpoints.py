@@ -734,13 +734,9 @@ def test_fused_and_split_specs_load_like_separate_tensors(tmp_path):
 def test_gpt2_config_and_old_style_names(tmp_path):
     """GPT-2: pre-LayerNorm with biases, learned positions, tanh GELU, tied head; a file saved
     from ``GPT2Model`` (no ``transformer.`` prefix, causal-mask buffers) loads the same."""
-    from svflow_jax.correspondence import check_supported
-
     model, cfg, _ = loaded("gpt2")
     assert (cfg.norm, cfg.norm_position, cfg.has_norm_bias) == ("layer", "pre", True)
     assert (cfg.n_positions, cfg.ffn_activation, cfg.tie_embeddings) == (64, "gelu_tanh", True)
-    with pytest.raises(ValueError, match="norm='layer'"):
-        check_supported(cfg)  # LayerNorm: not a sphere flow (docs/theory.md)
     folder, tensors, _ = _copy_folder(tmp_path, "gpt2")
     old = {k.removeprefix("transformer."): v for k, v in tensors.items()}
     old["h.0.attn.bias"] = np.tril(np.ones((1, 1, 64, 64), np.float32))
@@ -768,8 +764,9 @@ def test_to_flow_is_exact_in_float64(name):
 
 def test_gemma_gains_embedding_scale_and_geglu():
     """Gemma's stored RMSNorm weights w act as 1 + w, its embeddings are scaled by sqrt(d) and
-    its MLP is GeGLU; to_flow refuses it (the flow's score networks have SiLU gates only)."""
-    from svflow_jax.correspondence import check_supported
+    its MLP is GeGLU (the flow's score networks take its tanh-GELU gate; exactness in
+    ``tests/test_real_flow.py``)."""
+    from svflow_jax.correspondence import to_flow
 
     model, cfg, _ = loaded("gemma")
     stored = load_file(GOLDEN / "gemma" / "model.safetensors")
@@ -778,8 +775,8 @@ def test_gemma_gains_embedding_scale_and_geglu():
         1 + stored["model.layers.1.post_attention_layernorm.weight"])
     assert cfg.embed_scale == math.sqrt(32) and cfg.ffn_activation == "gelu_tanh"
     assert (cfg.d_head, cfg.kv_heads, cfg.tie_embeddings) == (16, 1, True)
-    with pytest.raises(ValueError, match="activation='gelu_tanh'"):
-        check_supported(cfg)
+    flow = to_flow(cfg, layer_params(model.transformer))
+    assert flow.experts.params.anchors.experts.nonlinearity == "gelu_tanh"
     legacy = json.loads((GOLDEN / "gemma" / "config.json").read_text())
     legacy |= {"hidden_act": "gelu", "hidden_activation": None}  # the released configs' value
     assert config_from_hf(legacy).ffn_activation == "gelu_tanh"
@@ -806,27 +803,49 @@ def test_gpt_neox_parallel_block_with_folded_layernorms():
     np.testing.assert_allclose(np.asarray(params["bk"][1]), bk + k_rows @ b1, rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gemma"])
-def test_refinement_is_skipped_for_a_decoder_to_flow_refuses(name):
-    """svflow inspect on a decoder with no flow (pre-LayerNorm GPT-2, Gemma's GeGLU) reports
-    the refinement as skipped, naming why, instead of raising."""
+def _decoder_without_a_flow():
+    """GPT-2's golden model rebuilt with tangent-projected branches behind its pre-LayerNorms:
+    a decoder ``to_flow`` refuses (projection is on the sphere of R^d, the LayerNorm reads the
+    centred hyperplane), with the golden's weights."""
+    from flax import nnx
+
+    from svflow_jax.checkpoints import LoadedModel
+    from svflow_jax.transformer import TransformerLM
+    from svflow_jax.transformer.params import (
+        set_embedding_params,
+        set_layer_params,
+        set_outer_norm_params,
+    )
+
+    model, cfg, tokenizer = loaded("gpt2")
+    cfg = dataclasses.replace(cfg, project_branches=True)
+    lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
+    set_layer_params(lm.transformer, layer_params(model.transformer))
+    set_outer_norm_params(lm.transformer, outer_norm_params(model.transformer))
+    set_embedding_params(lm, embedding_params(model))
+    return LoadedModel(lm, cfg, tokenizer)
+
+
+def test_refinement_is_skipped_for_a_decoder_to_flow_refuses():
+    """svflow inspect on a decoder with no flow reports the refinement as skipped, naming why,
+    instead of raising."""
     from svflow_jax import inspection
 
-    g = golden(name)
-    result = inspection.refinement(loaded(name), g["input_ids"][:1, :6])
+    g = golden("gpt2")
+    result = inspection.refinement(_decoder_without_a_flow(), g["input_ids"][:1, :6])
     assert result.passed is None
     assert "not an SVFlow discretisation" in result.figures["skipped"]
+    assert "projected branches" in result.figures["skipped"]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "gemma"])
-def test_exactness_reports_a_prenorm_decoder_without_a_flow(name):
+def test_exactness_reports_a_prenorm_decoder_without_a_flow():
     """The exactness measurement of a pre-norm decoder to_flow refuses: undecided, naming why,
     with the token norms' departure from a sphere (a pre-norm state is no Norm's output, so no
     ellipsoid residual)."""
     from svflow_jax import inspection
 
-    g = golden(name)
-    result = inspection.exactness(loaded(name), g["input_ids"][0][:8])
+    g = golden("gpt2")
+    result = inspection.exactness(_decoder_without_a_flow(), g["input_ids"][0][:8])
     assert result.passed is None
     assert "not an SVFlow discretisation" in result.figures["not_a_flow"]
     assert result.figures["ellipsoid_residual"] is None

@@ -1,12 +1,14 @@
 """The flow side of real (pre-norm) checkpoints, and the measurements of ``svflow inspect``.
 
-* ``to_flow`` of the tiny random Llama, Llama-3-RoPE, Qwen2 and Qwen3 models of
-  ``tests/golden`` (weights from Hugging Face transformers; RoPE, GQA, RMSNorm eps and gains,
-  Q/K/V biases, per-head query/key RMSNorm) reproduces every hidden state to round-off: in
-  float64 to 8e-14 absolute and 3e-14 relative (measured at most 7.5e-15 and 2.0e-15; the values
-  are O(1-10)), in float32 to 1e-5 relative (measured 0.96-1.07e-6). Dropping any one
-  ingredient from the flow (eps, the rotation, the offsets, the kernel gains) moves the states
-  by >= 1e-6: the check can fail.
+* ``to_flow`` of the tiny random Llama, Llama-3-RoPE, Qwen2, Qwen3, GPT-2, GPT-NeoX and Gemma
+  models of ``tests/golden`` (weights from Hugging Face transformers; RoPE, GQA, RMSNorm eps and
+  gains, Q/K/V biases, per-head query/key RMSNorm; LayerNorm with bias, partial rotary, GeGLU)
+  reproduces every hidden state to round-off: in float64 to 8e-14 absolute and 3e-14 relative
+  (measured at most 7.5e-15 and 2.0e-15; the values are O(1-10)), in float32 to 1e-5 relative
+  (measured 0.96-1.07e-6). Dropping any one ingredient from the flow (eps, the rotation, the
+  offsets, the kernel gains, the centring, the GeGLU's GELU) moves the states by >= 1e-6: the
+  check can fail. The partial rotation is checked against RoPE written the model's way, and
+  the families' weights come back from their flows.
 * BERT (post-LayerNorm) is refused by ``to_flow`` and reported with its departure from a sphere.
 * :class:`WithinStep` against Heun written out by hand on a two-layer ambient ODE.
 * The inspection measurements against closed forms (a known rotation and growth of the
@@ -28,12 +30,12 @@ import pytest
 
 from svflow_jax import correspondence, inspection
 from svflow_jax.checkpoints import load_hf
-from svflow_jax.flow import AttentionField, PiecewiseConstant
+from svflow_jax.flow import AttentionField, ExpertsField, PiecewiseConstant
 from svflow_jax.solvers import WithinStep
 from svflow_jax.transformer import layer_params
 
 GOLDEN = Path(__file__).parent / "golden"
-DECODERS = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3"]
+DECODERS = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "gpt2", "gpt_neox", "gemma"]
 _LOADED: dict[str, object] = {}
 
 
@@ -75,6 +77,8 @@ def _gap(config, params, x, flow):
 @pytest.mark.parametrize("name, remove", [
     ("llama_gqa_tied", "eps"), ("llama_gqa_tied", "rotation_frequencies"),
     ("qwen2", "query_offset"), ("qwen2", "natural_offset"), ("qwen3", "kernel_gain_query"),
+    ("gpt2", "centred"), ("gpt2", "query_offset"), ("gpt_neox", "rotation_frequencies"),
+    ("gemma", "phi"),
 ])
 def test_each_ingredient_matters(name, remove):
     """The exactness above is not vacuous: the flow without one ingredient is off by far more
@@ -85,8 +89,13 @@ def test_each_ingredient_matters(name, remove):
     x = lm.embeddings(jnp.asarray(first_sequence(name))[None]).astype(jnp.float64)
     flow = correspondence.to_flow(config, params)
     assert _gap(config, params, x, flow) <= 1e-12
-    if remove == "eps":
-        broken = dataclasses.replace(flow, eps=0.0)
+    if remove in ("eps", "centred"):  # read y / sqrt(|y|^2) or the uncentred y
+        broken = dataclasses.replace(flow, **{remove: {"eps": 0.0, "centred": False}[remove]})
+    elif remove == "phi":  # SiLU in place of GeGLU's tanh-GELU
+        theta = flow.experts.params.anchors
+        theta = dataclasses.replace(theta, experts=dataclasses.replace(theta.experts, phi=None))
+        broken = dataclasses.replace(flow, experts=ExpertsField(
+            PiecewiseConstant(theta, flow.step), top_k=config.top_k, radius=flow.radius))
     else:
         theta = flow.attention.params.anchors
         theta = dataclasses.replace(theta, **{remove: None})
@@ -95,6 +104,51 @@ def test_each_ingredient_matters(name, remove):
         broken = dataclasses.replace(flow, attention=AttentionField(
             PiecewiseConstant(theta, flow.step), causal=True))
     assert _gap(config, params, x, broken) >= 1e-6
+
+
+@pytest.mark.parametrize("rotary", [2, 4, 6])
+def test_partial_rotary_is_the_kernels_rotation_of_permuted_coordinates(rotary):
+    """RoPE on the first ``r`` of ``k = 8`` coordinates (rotate-half within them, the model's
+    ``apply_rope``) gives the scores of the kernel's whole-head rotation (``rotate_pairs``) of
+    the coordinates permuted by ``to_flow`` with the frequencies padded by zeros: every
+    ``<R_i q_i, R_j k_j>`` agrees to round-off; without the permutation they do not."""
+    from svflow_jax.flow.attention import rotate_pairs
+    from svflow_jax.transformer import RoPE, TransformerConfig
+    from svflow_jax.transformer.model import apply_rope
+
+    k, n = 8, 5
+    config = TransformerConfig(d_model=16, n_layers=1, n_heads=2, d_head=k, d_ff=8,
+                               rope=RoPE(10.0, rotary_dim=rotary))
+    rng = np.random.default_rng(rotary)
+    q, key = (jnp.asarray(rng.standard_normal((n, 1, k))) for _ in range(2))
+    positions = jnp.arange(n)
+    inv = config.rope.inv_freq(k)
+    model = jnp.einsum("ik,jk->ij", apply_rope(q, positions, inv)[:, 0],
+                       apply_rope(key, positions, inv)[:, 0])
+    order = correspondence._rotary_order(config)
+    assert sorted(np.asarray(order).tolist()) == list(range(k))  # a permutation
+    omega = jnp.zeros(k // 2).at[: rotary // 2].set(inv)
+    def kernel(perm):
+        a, b = (rotate_pairs(v[:, 0][:, perm], positions, omega) for v in (q, key))
+        return a @ b.T
+    np.testing.assert_allclose(kernel(order), model, rtol=1e-13, atol=1e-13)
+    assert np.max(np.abs(kernel(jnp.arange(k)) - model)) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt_neox", "gemma"])
+def test_families_come_back_from_their_flows(name):
+    """``to_transformer_params(to_flow(p)) = p`` in float64 for the LayerNorm, partial-rotary
+    and GeGLU families: the LayerNorm biases' images ``b W`` are taken off the offsets again
+    and the rotated coordinates put back in order (measured at most 6.8e-17 times the
+    largest entry of an array, plus one)."""
+    lm, config, _ = loaded(name)
+    config = dataclasses.replace(config, param_dtype=jnp.float64)
+    params = {k: v.astype(jnp.float64) for k, v in layer_params(lm.transformer).items()}
+    back = correspondence.to_transformer_params(correspondence.to_flow(config, params), config)
+    assert set(back) == set(params)
+    for key, value in params.items():
+        scale = float(jnp.max(jnp.abs(value))) + 1.0
+        np.testing.assert_allclose(back[key], value, rtol=0, atol=5e-16 * scale, err_msg=key)
 
 
 def test_encoder_is_refused_and_its_departure_reported():

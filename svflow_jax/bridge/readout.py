@@ -47,10 +47,13 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
 
     The readout (diagnostics, objective) reads every block, Norm and FFN the Transformer
     builds. ``flow=True`` asks more: that the stack be an SVFlow discretisation which
-    :func:`svflow_jax.correspondence.to_flow` expresses exactly (an RMS Norm, since a LayerNorm
-    with gain and bias maps onto an affine ellipsoid of the centred hyperplane, not a sphere;
-    ``eps = 0`` in a post-norm stack, without which the Norm is not the retraction; whole-head
-    rotary embeddings; the FFN's own activation, the only one the score networks have)."""
+    :func:`svflow_jax.correspondence.to_flow` expresses exactly. A LayerNorm is one only in
+    front of a branch (pre-norm: the branch reads the unit sphere of the centred hyperplane,
+    its gain and bias fold into the first linear maps); after the update (post-norm) it puts
+    the state on an affine ellipsoid of that hyperplane, not a sphere. A post-norm stack also
+    needs ``eps = 0``, without which the Norm is not the retraction. Projected branches are
+    read on the sphere of R^d, so not behind a LayerNorm; a LayerNorm's bias in front of a
+    router is not expressed (no family has one)."""
     config = model.config if isinstance(model, TransformerLM) else model
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"the bridge reads a TransformerLM or TransformerConfig, got "
@@ -61,21 +64,20 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
     if not flow:
         return
     problems = []
-    if config.norm != "rms":
+    if config.norm != "rms" and config.norm_position == "post":
         problems.append(
-            f"norm={config.norm!r} (need 'rms': a LayerNorm with gain and bias maps onto an "
-            "affine ellipsoid of the centred hyperplane, not a sphere; measure the departure "
-            "with ellipsoid_residual / sphere_departure)")
+            f"norm={config.norm!r} after the update (a post-norm LayerNorm with gain and bias "
+            "maps onto an affine ellipsoid of the centred hyperplane, not a sphere; measure the "
+            "departure with ellipsoid_residual / sphere_departure)")
+    if config.norm != "rms" and config.project_branches:
+        problems.append(f"norm={config.norm!r} with projected branches (they are projected "
+                        "on the sphere of R^d, the LayerNorm reads the centred hyperplane)")
+    if config.has_norm_bias and config.ffn == "moe":
+        problems.append("a LayerNorm bias in front of a MoE router (the router posterior has "
+                        "no offset)")
     if config.norm_position == "post" and config.norm_eps != 0:
         problems.append(f"norm_eps={config.norm_eps} in a post-norm stack (need 0: with eps > 0 "
                         "the Norm is not the retraction onto the sphere)")
-    if config.rope is not None and config.rope.rotary_dim not in (None, config.d_head):
-        problems.append(f"rope rotary_dim={config.rope.rotary_dim} < d_head={config.d_head} "
-                        "(partial rotary embeddings: the flow's kernel rotates whole heads)")
-    default = "gelu" if config.expert_kind == "gelu" else "silu"
-    if config.ffn_activation != default:
-        problems.append(f"activation={config.ffn_activation!r} (the flow's score networks have "
-                        f"the {config.expert_kind} FFN's own {default!r} only)")
     if problems:
         raise ValueError("this Transformer is not an SVFlow discretisation: " + "; ".join(problems))
 

@@ -60,6 +60,24 @@ VARIANTS: dict[str, tuple[dict, str]] = {
               "the llama variant with Q/K/V biases as the kernel's and the scores' offsets"),
     "qwen3": (dict(_LLAMA, qk_norm=True),
               "the llama variant with per-head query/key RMSNorm: a kernel on the sphere"),
+    # The families interpretability work uses: LayerNorm, partial rotary, GeGLU.
+    "gpt2": (dict(norm_position="pre", block="sequential", ffn="gelu", activation="gelu_tanh",
+                  norm="layer", norm_gain=True, norm_bias=True, use_bias=True, norm_eps=1e-5,
+                  final_norm=False),
+             "LieTrotter(Euler) of dy/dt = F(S(P y)), P y = y - mean(y) (pre-LayerNorm, gains "
+             "and biases folded into the first maps), tanh-GELU FFN with biases (GPT-2)"),
+    "gpt-neox": (dict(norm_position="pre", block="parallel", ffn="gelu", norm="layer",
+                      norm_gain=True, norm_bias=True, use_bias=True, norm_eps=1e-5,
+                      rope=RoPE(100.0, rotary_dim=2), final_norm=False),
+                 "Euler of dy/dt = F_A(S(P y)) + F_F(S(P y)) with RoPE on 2 coordinates of each "
+                 "head (partial rotary: the rotated pairs permuted onto the kernel's, the rest "
+                 "at frequency 0), pre-LayerNorm (GPT-NeoX, Pythia)"),
+    "phi3": (dict(_LLAMA, n_kv_heads=4, rope=RoPE(100.0, rotary_dim=2)),
+             "the llama variant with multi-head attention and RoPE on part of each head "
+             "(Phi-3; its fused QKV and gate/up matrices are split when loading)"),
+    "gemma": (dict(_LLAMA, n_kv_heads=1, activation="gelu_tanh"),
+              "the llama variant with a GeGLU FFN (tanh-GELU gate) and one key/value head "
+              "(Gemma)"),
     "postnorm-rope-bias": (dict(norm_position="post", block="sequential", rope=RoPE(100.0),
                                 project_branches=False, norm_gain=False, use_bias=True,
                                 n_heads=4, n_kv_heads=2),

@@ -84,14 +84,14 @@ def random_params(config: TransformerConfig, seed: int) -> dict[str, Array]:
 def checkpoint_like(config: TransformerConfig, params: Mapping[str, Array], seed: int
                     ) -> dict[str, Array]:
     """``params`` with what trained checkpoints have and random draws lack: Norm gains and
-    per-head query/key Norm gains ``U(0.5, 1.5)``, biases ``N(0, 0.5^2)`` (a bias comparable
-    to ``x W`` for ``|x| = sqrt(d)``)."""
+    per-head query/key Norm gains ``U(0.5, 1.5)``, biases (LayerNorm's too) ``N(0, 0.5^2)``
+    (a bias comparable to ``x W`` for ``|x| = sqrt(d)``)."""
     rng = np.random.default_rng(seed)
     out = dict(params)
     for name, a in sorted(params.items()):
         if name.endswith("gain"):
             out[name] = _to_device(rng.uniform(0.5, 1.5, a.shape), a.dtype)
-        elif name.startswith("b"):
+        elif name.startswith("b") or name.endswith("_bias"):  # (LayerNorm biases too)
             out[name] = _to_device(0.5 * rng.standard_normal(a.shape), a.dtype)
     return out
 

@@ -46,14 +46,22 @@ from .paths import Constant, ParameterPath
 __all__ = ["ScoreNetworks", "RouterPosterior", "ExpertsParams", "ExpertsField", "router_posterior"]
 
 Activation = Literal["gelu", "swiglu"]
+Nonlinearity = Literal["gelu", "gelu_tanh", "silu"]
+_PHI: dict[str, Callable[[Array], Array]] = {
+    "gelu": lambda a: jax.nn.gelu(a, approximate=False),
+    "gelu_tanh": lambda a: jax.nn.gelu(a, approximate=True),
+    "silu": jax.nn.silu,
+}
 
 
 class ScoreNetworks(eqx.Module):
     """``E`` relaxed score networks ``s_e: R^d -> R^d``, stacked on a leading expert axis.
 
-    ``gelu``: ``s_e(x) = gelu(x W1_e + b1_e) W2_e + b2_e`` (exact, erf-based GELU).
-    ``swiglu``: ``s_e(x) = (silu(x W1_e + b1_e) * (x W3_e + b3_e)) W2_e + b2_e``.
+    ``gelu``: ``s_e(x) = phi(x W1_e + b1_e) W2_e + b2_e``, ``phi`` the exact (erf) GELU.
+    ``swiglu``: ``s_e(x) = (phi(x W1_e + b1_e) * (x W3_e + b3_e)) W2_e + b2_e``, ``phi`` SiLU.
 
+    ``phi`` overrides the nonlinearity: ``"gelu"`` (erf), ``"gelu_tanh"`` (the tanh
+    approximation, GPT-2's and Gemma's) or ``"silu"``; a gated network with a GELU is GeGLU.
     The offsets ``b1, b3 (E, f)``, ``b2 (E, d)`` are optional (``None``: zero).
     """
 
@@ -61,6 +69,7 @@ class ScoreNetworks(eqx.Module):
     w2: Float[Array, "E f d"]
     w3: Float[Array, "E d f"] | None = None
     activation: Activation = eqx.field(static=True, default="gelu")
+    phi: Nonlinearity | None = eqx.field(static=True, default=None)
     b1: Float[Array, "E f"] | None = None
     b2: Float[Array, "E d"] | None = None
     b3: Float[Array, "E f"] | None = None
@@ -70,6 +79,15 @@ class ScoreNetworks(eqx.Module):
             raise ValueError(f"unknown activation {self.activation!r}; use 'gelu' or 'swiglu'")
         if (self.activation == "swiglu") != (self.w3 is not None):
             raise ValueError("the 'swiglu' score networks need w3 (and 'gelu' must not have it)")
+        if self.phi is not None and self.phi not in _PHI:
+            raise ValueError(f"unknown phi {self.phi!r}; use one of {sorted(_PHI)}")
+
+    @property
+    def nonlinearity(self) -> Nonlinearity:
+        """``phi``, else the network's own: erf-GELU (``gelu``) or SiLU (``swiglu``)."""
+        if self.phi is not None:
+            return self.phi
+        return "gelu" if self.activation == "gelu" else "silu"
 
     @property
     def num_experts(self) -> int:
@@ -80,12 +98,12 @@ class ScoreNetworks(eqx.Module):
         return self.w1.shape[-2]
 
     def _hidden(self, x: Array, project: Callable[[Array, Array, Array | None], Array]) -> Array:
-        """``gelu(x W1 + b1)`` or ``silu(x W1 + b1) * (x W3 + b3)``, with ``project(x, W, b)``
+        """``phi(x W1 + b1)`` or ``phi(x W1 + b1) * (x W3 + b3)``, with ``project(x, W, b)``
         the affine map."""
-        pre = project(x, self.w1, self.b1)
+        hidden = _PHI[self.nonlinearity](project(x, self.w1, self.b1))
         if self.activation == "gelu":
-            return jax.nn.gelu(pre, approximate=False)
-        return jax.nn.silu(pre) * project(x, self.w3, self.b3)
+            return hidden
+        return hidden * project(x, self.w3, self.b3)
 
     def single(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
         """The score of the only expert (``E = 1``), without an expert axis (plain matmuls)."""

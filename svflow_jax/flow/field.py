@@ -53,7 +53,7 @@ class VectorField(eqx.Module):
 
     def ambient(
         self, t: Real[Array, ""], y: Float[Array, "... n d"], args: PyTree = None,
-        eps: float = 0.0,
+        eps: float = 0.0, centred: bool = False,
     ) -> Float[Array, "... n d"]:
         """Ambient extension ``F(y) = u_t(y / |y|)`` used by pre-norm layers.
 
@@ -61,9 +61,13 @@ class VectorField(eqx.Module):
         is forward Euler of ``dy/dt = u_t(y/|y|)`` (``docs/theory.md``, "Pre-norm"). With
         ``eps > 0`` the field reads ``y / sqrt(|y|^2 + eps)`` (:func:`~svflow_jax.sphere.
         soft_retract`): a short token is read inside the sphere, at radius
-        ``|y| / sqrt(|y|^2 + eps)``.
+        ``|y| / sqrt(|y|^2 + eps)``. ``centred`` (a LayerNorm in front of the branch) reads
+        the centred point ``P y = y - mean(y) 1`` instead of ``y``: the field reads the unit
+        sphere of the hyperplane orthogonal to ``1``, while the state moves in all of R^d.
         """
         del args
+        if centred:
+            y = y - jnp.mean(y, axis=-1, keepdims=True)
         if eps == 0:
             return self.drift(t, y / jnp.linalg.norm(y, axis=-1, keepdims=True))
         return self.drift(t, soft_retract(y, eps))
