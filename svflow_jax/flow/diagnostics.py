@@ -137,10 +137,23 @@ def concentrations(eta: Float[Array, "... d"]) -> Float[Array, "..."]:
     return jnp.linalg.norm(eta, axis=-1)
 
 
-def resultant_concentration(x: Float[Array, "... n d"]) -> Float[Array, "..."]:
-    """``kappa`` estimated from the mean resultant length ``R = |mean_i x_i|`` of unit vectors
-    (maximum likelihood, :func:`svflow_jax.vmf.estimate_concentration`); ``R`` is capped just
+def resultant_concentration(
+    x: Float[Array, "... n d"], debiased: bool = True
+) -> Float[Array, "..."]:
+    """``kappa`` estimated from the mean resultant length of ``n`` unit vectors
+    (maximum likelihood given ``R``, :func:`svflow_jax.vmf.estimate_concentration`).
+
+    The plain ``R = |mean_i x_i|`` has a finite-sample floor: for unit vectors with mean
+    ``m = E x``, ``E R^2 = |m|^2 + (1 - |m|^2) / n``, so isotropic directions (``m = 0``) give
+    ``R ~ 1 / sqrt(n)`` and ``kappa ~ d / sqrt(n)`` (51 for ``n = 128``, ``d = 576``).
+    ``debiased`` (the default) uses the unbiased ``R^2 = (n R_plain^2 - 1) / (n - 1)``, clipped
+    at 0 (``kappa = 0``), instead; ``debiased=False`` the plain ``R``. ``R`` is capped just
     below 1 so that identical directions give a large finite ``kappa``."""
-    r = jnp.linalg.norm(jnp.mean(x, axis=-2), axis=-1)
-    r = jnp.clip(r, 0.0, 1.0 - 1e3 * jnp.finfo(x.dtype).eps)
+    n = x.shape[-2]
+    r2 = jnp.sum(jnp.mean(x, axis=-2) ** 2, axis=-1)
+    if debiased:
+        if n < 2:
+            raise ValueError(f"the debiased resultant needs n >= 2 vectors, got {n}")
+        r2 = jnp.maximum((n * r2 - 1.0) / (n - 1.0), 0.0)
+    r = jnp.clip(jnp.sqrt(r2), 0.0, 1.0 - 1e3 * jnp.finfo(x.dtype).eps)
     return vmf.estimate_concentration(r, x.shape[-1])
