@@ -88,7 +88,7 @@ for p, label in ((0, "clean"), (-1, "shuffled")):
     axes[1].plot(layers, res.entropy[:, p].mean(-1), "o-", label=label)
     axes[2].plot(layers, res.kl_q_p[:, p].mean(-1), "o-", label=label)
 axes[1].set_title("attention entropy (nats)")
-axes[2].set_title("KL(q || p): attention vs vMF posterior")
+axes[2].set_title("KL(q || p): attention vs vMF posterior (flow units)")
 for ax in axes:
     ax.set_xlabel("layer")
 axes[2].legend()

@@ -246,17 +246,25 @@ def test_window_diagnostics_by_direct_computation(small_lm):
     q = np.asarray(layer.attn.attention_weights(z))[:, :, n - s:]
     x = _unit(np.asarray(hs[2])[1, n - s:])
     ctx = np.arange(n)[None, :] <= np.arange(n - s, n)[:, None]
-    log_ev, kl = np.zeros((H, s)), np.zeros((H, s))
-    for h in range(H):
-        for i in range(s):
-            js = np.flatnonzero(ctx[i])
-            kappa = np.linalg.norm(eta[h, js], axis=-1)
-            dens = np.exp(_log_c(kappa, 16) + eta[h, js] @ x[i]) / len(js)
-            log_ev[h, i] = np.log(dens.sum())
-            qi = q[1, h, i, js]
-            kl[h, i] = np.sum(qi * np.log(qi / (dens / dens.sum())))
-    np.testing.assert_allclose(res.log_evidence[2, 1], log_ev.mean(1), rtol=1e-10)
-    np.testing.assert_allclose(res.kl_q_p[2, 1], kl.mean(1), rtol=1e-9)
+    # flow units (to_flow's eta: the model's divided by rho = sqrt(d)) and model units
+    for suffix, e in (("", eta / math.sqrt(16)), ("_model", eta)):
+        log_ev, kl, excess = (np.zeros((H, s)) for _ in range(3))
+        for h in range(H):
+            for i in range(s):
+                js = np.flatnonzero(ctx[i])
+                kappa = np.linalg.norm(e[h, js], axis=-1)
+                dens = np.exp(_log_c(kappa, 16) + e[h, js] @ x[i]) / len(js)
+                log_ev[h, i] = np.log(dens.sum())
+                qi = q[1, h, i, js]
+                kl[h, i] = np.sum(qi * np.log(qi / (dens / dens.sum())))
+                excess[h, i] = kl[h, i] - (np.log(len(js)) + np.sum(qi * np.log(qi)))
+        np.testing.assert_allclose(getattr(res, "log_evidence" + suffix)[2, 1], log_ev.mean(1),
+                                   rtol=1e-10)
+        np.testing.assert_allclose(getattr(res, "kl_q_p" + suffix)[2, 1], kl.mean(1), rtol=1e-9)
+        np.testing.assert_allclose(getattr(res, "kl_excess" + suffix)[2, 1], excess.mean(1),
+                                   rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.kappa_eta[2, 1], np.mean(np.linalg.norm(eta, axis=-1), -1)
+                               / math.sqrt(16), rtol=1e-10)
     # KL(q_clean || q_shuffled) over the same tokens
     qc = q[0, :, :, :]
     qs = q[1][:, :, inverse[1]]

@@ -58,17 +58,23 @@ class LayerSummaries(NamedTuple):
     metrics are averaged over the ``s`` scored tokens (and over ``j`` for ``kappa_eta``).
     """
 
-    log_evidence: np.ndarray  # (L, P, H) log p_h(x_i)
-    kl_q_p: np.ndarray  # (L, P, H) KL(q_h || p_h)
+    log_evidence: np.ndarray  # (L, P, H) log p_h(x_i), flow units (eta / sqrt(d))
+    kl_q_p: np.ndarray  # (L, P, H) KL(q_h || p_h), flow units
+    kl_excess: np.ndarray  # (L, P, H) KL(q_h || p_h) - (log n_i - H(q_h)), flow units
     kl_clean: np.ndarray  # (L, P, H) KL(q_clean || q_p), 0 for p = 0
     entropy: np.ndarray  # (L, P, H) entropy of q_h (nats)
-    kappa_eta: np.ndarray  # (L, P, H) mean_j |eta_hj|
-    kappa_posterior: np.ndarray  # (L, P, H) mean_i sum_j q_h(j|x_i) |eta_hj|
+    kappa_eta: np.ndarray  # (L, P, H) mean_j |eta_hj|, flow units
+    kappa_posterior: np.ndarray  # (L, P, H) mean_i sum_j q_h(j|x_i) |eta_hj|, flow units
     kappa_attn: np.ndarray  # (L, P, H) attention kernel concentration
     kappa_resultant: np.ndarray  # (L, P) from the mean resultant length of all n directions
     target_logp: np.ndarray | None  # (P, s) log-probability of the next token (LMs)
     confidence: np.ndarray | None  # (P, s) top-1 probability
     correct: np.ndarray | None  # (P, s) top-1 == next token
+    # the vMF metrics whose value and ranking depend on the unit, in the model's units (eta
+    # read off the Norm's sphere of radius sqrt(d)): log_evidence, kl_q_p, kl_excess
+    log_evidence_model: np.ndarray | None = None
+    kl_q_p_model: np.ndarray | None = None
+    kl_excess_model: np.ndarray | None = None
 
 
 def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
@@ -123,9 +129,21 @@ def _layer_metrics(layer: Block, y: Array, z: Array, inverse: Array, scored: int
 
     x = fd.directions(y)  # (P, n, d)
     dots, kappa = _eta_dots_and_norms(attn, z, x[..., n - scored:, :])
-    kappa = kappa.astype(dtype)
-    loglik = fd.vmf_log_likelihoods(dots.astype(dtype), kappa, d)
-    log_p = fd.true_posterior_log(loglik, context)
+    dots, kappa = dots.astype(dtype), kappa.astype(dtype)
+    entropy = fd.entropy(log_q, ctx)
+    log_n = jnp.log(jnp.sum(context, -1)).astype(dtype)  # log of each token's context size
+    mean = lambda a: jnp.mean(a, axis=-1)  # noqa: E731 (over scored tokens)
+
+    def vmf_metrics(unit: float) -> dict:
+        """The mixture's quantities with ``eta`` in units of ``unit`` times the model's."""
+        loglik = fd.vmf_log_likelihoods(dots * unit, kappa * unit, d)
+        kl = fd.kl_divergence(log_q, fd.true_posterior_log(loglik, context), ctx)
+        return {"log_evidence": mean(fd.log_evidence(loglik, context)), "kl_q_p": mean(kl),
+                "kl_excess": mean(kl - (log_n - entropy))}
+
+    # Flow units are the definition: to_flow's eta is the model's divided by rho = sqrt(d).
+    unit = 1.0 / math.sqrt(d)
+    flow, model = vmf_metrics(unit), vmf_metrics(1.0)
 
     # q_clean vs q_p over the same context tokens: column src of sequence p is position
     # inverse[p, src] (the clean token src sits there after the shuffle).
@@ -134,14 +152,13 @@ def _layer_metrics(layer: Block, y: Array, z: Array, inverse: Array, scored: int
     qn, kn = qn.astype(dtype), kn.astype(dtype)
     k_mean = jnp.sum(jnp.where(context, kn[..., None, :], 0.0), -1) / jnp.sum(context, -1)
     kappa_attn = qn[..., n - scored:] * k_mean / math.sqrt(attn.d_head)
-    mean = lambda a: jnp.mean(a, axis=-1)  # noqa: E731 (over scored tokens)
     return {
-        "log_evidence": mean(fd.log_evidence(loglik, context)),
-        "kl_q_p": mean(fd.kl_divergence(log_q, log_p, ctx)),
+        **flow,
+        **{f"{name}_model": value for name, value in model.items()},
         "kl_clean": mean(fd.kl_divergence(log_q[:1], aligned, ctx)),
-        "entropy": mean(fd.entropy(log_q, ctx)),
-        "kappa_eta": jnp.mean(kappa, axis=-1),
-        "kappa_posterior": mean(jnp.einsum("phsn,phn->phs", jnp.exp(log_q), kappa)),
+        "entropy": mean(entropy),
+        "kappa_eta": jnp.mean(kappa * unit, axis=-1),
+        "kappa_posterior": mean(jnp.einsum("phsn,phn->phs", jnp.exp(log_q), kappa * unit)),
         "kappa_attn": mean(kappa_attn),
         "kappa_resultant": fd.resultant_concentration(x.astype(dtype)),
     }

@@ -14,6 +14,22 @@ from ..reporting import provenance, save_figure, write_csv, write_json, write_te
 
 __all__ = ["PAPER", "headline", "tracks_perplexity", "conclusion", "write_all"]
 
+# The metrics reported in model units beside their flow-unit definition: descriptions, not
+# counted among the comparisons (the same names as svflow_jax.diagnose.study.MODEL_UNITS, which
+# this module does not import: it reads summaries only).
+_MODEL_UNITS_SUFFIX = "_model"
+
+
+def _tested(rho: dict[str, Any]) -> int:
+    """The number of metrics tested (Bonferroni's ``m``): model-unit twins are not."""
+    return sum(not name.endswith(_MODEL_UNITS_SUFFIX) for name in rho)
+
+
+def _verdict(name: str, entry: dict[str, Any], comparisons: int) -> str:
+    if name.endswith(_MODEL_UNITS_SUFFIX):
+        return "description (model units)"
+    return "reproduced" if tracks_perplexity(entry, comparisons) else "not reproduced"
+
 PAPER = {
     "rho": "metrics correlate with perplexity and calibration, Spearman rho about 0.87",
     "depth": "deeper layers are more sensitive to prefix shuffling than shallow ones",
@@ -48,7 +64,7 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     sh = summary["shuffle"]
     if "rho" in sh:
-        m = len(sh["rho"])
+        m = _tested(sh["rho"])
         for name, e in sh["rho"].items():
             r, ci = e["perplexity"]["rho"], e["perplexity"]["ci"]
             re_, cie = e["ece"]["rho"], e["ece"]["ci"]
@@ -61,8 +77,7 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
                                  f"{_fmt(lc['partial'], 2)} (p {_fmt(lc['partial_p'], 2)}); "
                                  f"across levels {_fmt(r, 2)} {_ci(ci)}, cells "
                                  f"{_fmt(cells['rho'], 2)} {_ci(cells['ci'])}",
-                         "verdict": ("reproduced" if tracks_perplexity(e, m)
-                                     else "not reproduced")})
+                         "verdict": _verdict(name, e, m)})
             rows.append({"statement": f"rho({name}, ECE) across levels",
                          "ours": f"levels {_fmt(re_, 2)} {_ci(cie)}",
                          "verdict": "description (monotonicity in the level)"})
@@ -280,7 +295,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
                          f"{e['ece']['rho']:.2f} {_ci(e['ece']['ci'])} | "
                          f"{e['perplexity_cells']['rho']:.2f} "
                          f"{_ci(e['perplexity_cells']['ci'])} |")
-        m = len(sh["rho"])
+        m = _tested(sh["rho"])
         lines += ["", "## Controlled for the shuffle level (the verdicts rest on these)", "",
                   "Within-level: Spearman rho across windows inside each level, averaged over "
                   "the levels. Partial: rho over all (window, level) cells given the level (as a "
@@ -294,7 +309,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
             lines.append(f"| {n} | {'+' if lc['sign'] > 0 else '-'} | "
                          f"{_fmt(lc['stratified'], 2)} | {_fmt(lc['stratified_p'], 2)} | "
                          f"{_fmt(lc['partial'], 2)} | {_fmt(lc['partial_p'], 2)} | "
-                         f"{'reproduced' if tracks_perplexity(e, m) else 'not reproduced'} |")
+                         f"{_verdict(n, e, m)} |")
     lines += ["", "## Depth sensitivity", "",
               "S_t = |mean over windows of (metric at the last level - clean)| / sd of the "
               "metric over all (window, level) cells of layer t; ratio = mean S over the deepest "

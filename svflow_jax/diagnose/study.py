@@ -29,33 +29,48 @@ from ..environment import environment
 from . import stats
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
-__all__ = ["METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK", "ShuffleData", "Diagnosis",
-           "default_text",
+__all__ = ["METRICS", "MODEL_UNITS", "EXPECTED_SIGN", "StudyConfig", "QUICK", "ShuffleData",
+           "Diagnosis", "default_text",
            "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
            "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
 
 METRICS: dict[str, str] = {
-    "log_evidence": "log p_t(x_i): vMF-mixture evidence of the token direction",
-    "kl_q_p": "KL(q_t || p_t): attention posterior vs the mixture's true posterior",
+    "log_evidence": "log p_t(x_i): vMF-mixture evidence of the token direction (flow units)",
+    "kl_q_p": "KL(q_t || p_t): attention posterior vs the mixture's true posterior (flow units)",
+    "kl_excess": "KL(q_t || p_t) - (log n_i - H(q_t)): what the KL adds to the attention "
+                 "entropy (flow units)",
     "kl_clean": "KL(q_clean || q_shuffled): attention posterior, clean vs perturbed",
     "entropy": "entropy of the attention posterior (nats)",
-    "kappa_eta": "mean component concentration |eta_hj|",
-    "kappa_posterior": "posterior-weighted component concentration E_q |eta_hj|",
+    "kappa_eta": "mean component concentration |eta_hj| (flow units)",
+    "kappa_posterior": "posterior-weighted component concentration E_q |eta_hj| (flow units)",
     "kappa_attn": "attention kernel concentration |q_hi| mean_j |k_hj| / sqrt(d_k)",
     "kappa_resultant": "kappa of the hidden-state directions from their mean resultant length",
+    # The same quantities in the model's units (eta read on the Norm's sphere of radius
+    # sqrt(d)), where the unit changes their ranking; reported beside, not tested.
+    "log_evidence_model": "log p_t(x_i) in model units",
+    "kl_q_p_model": "KL(q_t || p_t) in model units",
+    "kl_excess_model": "KL(q_t || p_t) - (log n_i - H(q_t)) in model units",
 }
+
+#: The metrics reported in model units beside the flow-unit definition (descriptions only:
+#: not counted among the comparisons, never a verdict).
+MODEL_UNITS = ("log_evidence_model", "kl_q_p_model", "kl_excess_model")
 
 #: The sign each metric's association with perplexity is expected to have, fixed before any run
 #: (reasons in ``docs/theory.md``, section 19): ``+1`` the metric rises with perplexity.
 EXPECTED_SIGN: dict[str, int] = {
     "log_evidence": -1,      # -log p_t is the surprise the paper reads as tracking perplexity
     "kl_q_p": +1,            # attention further from the mixture's posterior: worse prediction
+    "kl_excess": +1,         # the same beyond what the attention's entropy alone gives
     "kl_clean": +1,          # attention moved further by the shuffle: worse prediction
     "entropy": +1,           # a more diffuse posterior: a less certain prediction
     "kappa_eta": -1,         # concentrations: confidence, so lower with worse prediction
     "kappa_posterior": -1,
     "kappa_attn": -1,
     "kappa_resultant": -1,
+    "log_evidence_model": -1,
+    "kl_q_p_model": +1,
+    "kl_excess_model": +1,
 }
 
 

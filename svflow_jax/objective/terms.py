@@ -11,8 +11,10 @@ section 20, states every formula and choice):
   are ``log C_d(kappa_c) + eta_c . x_T`` (the vMF log-likelihoods).
 * ``J_var``: ``KL(q(. | x) || p(. | x))`` between a layer's variational posterior ``q`` (the
   attention softmax of one head, or the MoE router) and the true posterior ``p`` of the layer's
-  vMF mixture (uniform prior, components ``vMF(x; eta_j)``), averaged over heads, tokens and
-  layers. The true posterior and the KL are those of :mod:`svflow_jax.flow.diagnostics` (one
+  vMF mixture (uniform prior, components ``vMF(x; eta_j)``, ``eta`` in the model's units: the
+  vectors the branch adds to the stream; ``svflow diagnose`` defines its ``kl_q_p`` in flow
+  units, ``eta / sqrt(d)``, and reports this one as ``kl_q_p_model``), averaged over heads,
+  tokens and layers. The true posterior and the KL are those of :mod:`svflow_jax.flow.diagnostics` (one
   way to measure), with ``log C_d`` from :func:`svflow_jax.vmf.log_normalizer`, whose gradient
   in ``kappa`` is exactly ``-A_d(kappa)``.
 * MoE balance: the population KL ``KL(qbar || pi)`` with ``qbar_e = E_x q(e | x)`` the router's
