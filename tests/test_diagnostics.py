@@ -279,6 +279,31 @@ def test_window_diagnostics_by_direct_computation(small_lm):
     np.testing.assert_allclose(res.confidence, np.exp(np.max(logp, -1)), rtol=1e-10)
 
 
+def test_layer_local_metrics_shuffle_one_layer_only(small_lm):
+    """The layer-local metrics read layer t at the clean run's stream, its positions permuted:
+    the attention entropy and KL(q_clean || q_shuffled) computed by hand from the clean hidden
+    states agree; at layer 0 (embeddings, no positions in them) local = cumulative, deeper
+    they differ (the cumulative run carries the upstream changes)."""
+    model, tokens, perm, hs = small_lm
+    n, s = 8, 3
+    inverse = np.argsort(np.stack([np.arange(n), perm]), axis=1)
+    res = extract.window_diagnostics(model, tokens, inverse, s)
+    ctx = np.arange(n)[None, :] <= np.arange(n - s, n)[:, None]
+    for t in range(3):
+        layer = model.transformer.layer(t)
+        q0 = np.asarray(layer.attn.attention_weights(layer.norm_attn(hs[t][0])))[:, n - s:]
+        y = hs[t][0][perm]  # the clean stream entering layer t, positions permuted
+        q1 = np.asarray(layer.attn.attention_weights(layer.norm_attn(y)))[:, n - s:]
+        ent = -np.sum(np.where(ctx, q1 * np.log(np.where(ctx, q1, 1.0)), 0.0), -1).mean(-1)
+        np.testing.assert_allclose(res.local["entropy"][t, 1], ent, rtol=1e-10)
+        q1_clean_order = q1[:, :, inverse[1]]  # weight on clean token j
+        ratio = np.where(ctx, q0, 1.0) / np.where(ctx, q1_clean_order, 1.0)
+        kl = np.sum(np.where(ctx, q0 * np.log(ratio), 0.0), -1).mean(-1)
+        np.testing.assert_allclose(res.local["kl_clean"][t, 1], kl, rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(res.local["kl_clean"][0], res.kl_clean[0], rtol=1e-12)
+    assert np.max(np.abs(res.local["kl_clean"][2] - res.kl_clean[2])) > 1e-4
+
+
 def test_without_positions_shuffling_changes_nothing():
     # an encoder without position information is permutation-equivariant: the scored tokens'
     # posteriors over the same context tokens, and every metric, are unchanged by a shuffle

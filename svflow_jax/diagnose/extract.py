@@ -75,6 +75,9 @@ class LayerSummaries(NamedTuple):
     log_evidence_model: np.ndarray | None = None
     kl_q_p_model: np.ndarray | None = None
     kl_excess_model: np.ndarray | None = None
+    # layer-local: every metric above with only that layer's context shuffled (the clean run's
+    # stream at the layer's input, its positions permuted as in sequence p; no upstream change)
+    local: dict[str, np.ndarray] | None = None
 
 
 def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
@@ -166,11 +169,19 @@ def _layer_metrics(layer: Block, y: Array, z: Array, inverse: Array, scored: int
 
 @nnx.jit(static_argnames=("scored", "dtype"))
 def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
+    perm = jnp.argsort(inverse, axis=1)  # position pos of sequence p holds clean token perm[p, pos]
+
     def read(layer, substeps, _):
         sub = attention_substep(substeps)
-        return _layer_metrics(layer, sub.stream_in, sub.branch_input, inverse, scored, dtype)
+        cumulative = _layer_metrics(layer, sub.stream_in, sub.branch_input, inverse, scored,
+                                    dtype)
+        # Layer-local: the clean stream entering this layer (row 0), permuted like row p; the
+        # Norm acts token by token, so the branch input permutes alike.
+        local = _layer_metrics(layer, sub.stream_in[0][perm], sub.branch_input[0][perm],
+                               inverse, scored, dtype)
+        return cumulative, local
 
-    y, per_layer = read_layers(model, tokens, read)  # the model's forward, read per layer
+    y, (per_layer, local) = read_layers(model, tokens, read)  # one forward, read per layer
     task = None
     if targets is not None:
         final = y[:, -scored:, :]
@@ -178,7 +189,7 @@ def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
             final = model.transformer.final_norm(final)
         nll, confidence, correct = token_scores(model.logits(final), targets, dtype)
         task = (-nll, confidence, correct)
-    return per_layer, task
+    return per_layer, local, task
 
 
 def window_diagnostics(
@@ -210,15 +221,17 @@ def window_diagnostics(
     if targets is not None and not model.config.lm_head:
         raise ValueError("targets need a model with an LM head")
     dtype = dtype or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
-    per_layer, task = _window(model, jnp.asarray(tokens), jnp.asarray(inverse),
-                              None if targets is None else jnp.asarray(targets), scored,
-                              jnp.dtype(dtype))
+    per_layer, local, task = _window(model, jnp.asarray(tokens), jnp.asarray(inverse),
+                                     None if targets is None else jnp.asarray(targets), scored,
+                                     jnp.dtype(dtype))
     per_layer = {k: np.asarray(v, np.float64) for k, v in per_layer.items()}
+    local = {k: np.asarray(v, np.float64) for k, v in local.items()}
     if task is None:
         tl = conf = corr = None
     else:
         tl, conf, corr = (np.asarray(a) for a in task)
-    return LayerSummaries(**per_layer, target_logp=tl, confidence=conf, correct=corr)
+    return LayerSummaries(**per_layer, target_logp=tl, confidence=conf, correct=corr,
+                          local=local)
 
 
 def scale_attention_logits(model: TransformerLM, factor: float) -> TransformerLM:

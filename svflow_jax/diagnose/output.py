@@ -81,12 +81,15 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
             rows.append({"statement": f"rho({name}, ECE) across levels",
                          "ours": f"levels {_fmt(re_, 2)} {_ci(cie)}",
                          "verdict": "description (monotonicity in the level)"})
-    for name in ("kl_clean", "kl_q_p", "entropy", "log_evidence"):
-        if name not in sh["depth"]:
+    # cumulative (the shuffled run: a layer inherits every upstream change) and layer-local
+    # (only that layer's context shuffled, the clean stream at its input)
+    for key, how, name in [(k, h, n) for k, h in (("depth", ""), ("depth_local", "layer-local, "))
+                           for n in ("kl_clean", "kl_q_p", "entropy", "log_evidence")]:
+        if name not in sh.get(key, {}):
             continue
-        e = sh["depth"][name]
+        e = sh[key][name]
         lo, _ = e["deep_over_shallow_ci"]
-        rows.append({"statement": f"deep layers more sensitive ({name})",
+        rows.append({"statement": f"deep layers more sensitive ({how}{name})",
                      "ours": f"deep/shallow {_fmt(e['deep_over_shallow'])} "
                              f"{_ci(e['deep_over_shallow_ci'])} (unnormalised "
                              f"{_fmt(e.get('raw_deep_over_shallow'))} "
@@ -314,10 +317,14 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
               "S_t = |mean over windows of (metric at the last level - clean)| / sd of the "
               "metric over all (window, level) cells of layer t; ratio = mean S over the deepest "
               "third / mean S over the shallowest third.", "",
-              "The unnormalised ratio uses the mean absolute change itself (the metric's units).",
+              "The unnormalised ratio uses the mean absolute change itself (the metric's units)."
+              " Layer-local rows shuffle the context of one layer only (the clean run's stream "
+              "at the layer's input, its positions permuted): no upstream change is inherited.",
               "", "| metric | deep/shallow | 95% interval | unnormalised | 95% interval |",
               "| --- | --- | --- | --- | --- |"]
-    for n, e in sh["depth"].items():
+    depth_rows = [(n, e) for n, e in sh["depth"].items()] + [
+        (f"{n} (layer-local)", e) for n, e in sh.get("depth_local", {}).items()]
+    for n, e in depth_rows:
         lines.append(f"| {n} | {_fmt(e['deep_over_shallow'])} | {_ci(e['deep_over_shallow_ci'])}"
                      f" | {_fmt(e.get('raw_deep_over_shallow'))} | "
                      f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))} |")

@@ -29,8 +29,8 @@ from ..environment import environment
 from . import stats
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
-__all__ = ["METRICS", "MODEL_UNITS", "EXPECTED_SIGN", "StudyConfig", "QUICK", "ShuffleData",
-           "Diagnosis", "default_text",
+__all__ = ["METRICS", "MODEL_UNITS", "DEPTH_METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK",
+           "ShuffleData", "Diagnosis", "default_text",
            "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
            "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
 
@@ -51,6 +51,11 @@ METRICS: dict[str, str] = {
     "kl_q_p_model": "KL(q_t || p_t) in model units",
     "kl_excess_model": "KL(q_t || p_t) - (log n_i - H(q_t)) in model units",
 }
+
+#: The metrics whose depth sensitivity is also measured layer by layer (``local``).
+#: ``log_evidence`` is not among them: a layer-local shuffle leaves it exactly unchanged (a
+#: uniform mixture over the same context tokens, whose ``eta`` does not see positions).
+DEPTH_METRICS = ("kl_clean", "kl_q_p", "entropy")
 
 #: The metrics reported in model units beside the flow-unit definition (descriptions only:
 #: not counted among the comparisons, never a verdict).
@@ -240,6 +245,8 @@ class ShuffleData:
     H)`` window means; ``nll``: ``(W, K)`` mean next-token NLL of the scored tokens;
     ``confidence``/``correct``: ``(W, K, R)`` the scored tokens of all permutations (the clean
     level's tokens repeated ``permutations`` times so every level has the same weight).
+    ``local[name]``: ``(W, K, L)``, the metric with only that layer's context shuffled
+    (:class:`~svflow_jax.diagnose.extract.LayerSummaries`, ``local``), for :data:`DEPTH_METRICS`.
     """
 
     levels: tuple[float, ...]
@@ -249,6 +256,7 @@ class ShuffleData:
     confidence: np.ndarray | None
     correct: np.ndarray | None
     seconds: float
+    local: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
@@ -259,6 +267,7 @@ def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
     wins = make_windows(ids, config, config.windows, lm)
     K = len(config.levels)
     metrics: dict[str, list] = {name: [] for name in METRICS}
+    local: dict[str, list] = {name: [] for name in DEPTH_METRICS}
     nll, conf, corr = [], [], []
     for w, window in enumerate(wins):
         plan = shuffle_plan(config, w)
@@ -271,6 +280,9 @@ def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
             if a.ndim == 3:
                 metrics.setdefault(name + "@heads", []).append(
                     np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
+        for name in DEPTH_METRICS:
+            a = res.local[name].mean(-1)  # (L, P): head-averaged
+            local[name].append(np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
         if lm:
             rep = config.permutations
             nll.append([-res.target_logp[level_of == k].mean() for k in range(K)])
@@ -289,7 +301,8 @@ def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
     return ShuffleData(
         levels=config.levels, metrics=mets, per_head=per_head,
         nll=np.asarray(nll) if lm else None, confidence=np.stack(conf) if lm else None,
-        correct=np.stack(corr) if lm else None, seconds=time.perf_counter() - start)
+        correct=np.stack(corr) if lm else None, seconds=time.perf_counter() - start,
+        local={k: np.stack(v) for k, v in local.items()})
 
 
 def _task_curves(data: ShuffleData, idx: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -374,9 +387,18 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
                 config.seed).to_dict()
             rho[name] = entry
         out["rho"] = rho
-    shallow, deep = _thirds(L)
+    out["depth"] = _depth(data.metrics, idx)
+    out["depth_local"] = _depth(data.local, idx)
+    return out
+
+
+def _depth(metrics: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, Any]:
+    """Depth sensitivity of each ``(W, K, L)`` metric: per layer, and deep over shallow
+    (normalised and in the metric's units) with bootstrap intervals over windows ``idx``."""
     depth = {}
-    for name, m in data.metrics.items():
+    for name, m in metrics.items():
+        L = m.shape[-1]
+        shallow, deep = _thirds(L)
         s0 = _depth_sensitivity(m)  # (L,)
         sb = _depth_sensitivity(m[idx])  # (B, L)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -400,8 +422,7 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
             "shallow_layers": [shallow.start, shallow.stop - 1],
             "deep_layers": [deep.start, deep.stop - 1],
         }
-    out["depth"] = depth
-    return out
+    return depth
 
 
 def across_models(datas: list[ShuffleData], config: StudyConfig) -> dict[str, Any]:

@@ -14,9 +14,9 @@ section 20, states every formula and choice):
   vMF mixture (uniform prior, components ``vMF(x; eta_j)``, ``eta`` in the model's units: the
   vectors the branch adds to the stream; ``svflow diagnose`` defines its ``kl_q_p`` in flow
   units, ``eta / sqrt(d)``, and reports this one as ``kl_q_p_model``), averaged over heads,
-  tokens and layers. The true posterior and the KL are those of :mod:`svflow_jax.flow.diagnostics` (one
-  way to measure), with ``log C_d`` from :func:`svflow_jax.vmf.log_normalizer`, whose gradient
-  in ``kappa`` is exactly ``-A_d(kappa)``.
+  tokens and layers. The true posterior and the KL are those of
+  :mod:`svflow_jax.flow.diagnostics` (one way to measure), with ``log C_d`` from
+  :func:`svflow_jax.vmf.log_normalizer`, whose gradient in ``kappa`` is exactly ``-A_d(kappa)``.
 * MoE balance: the population KL ``KL(qbar || pi)`` with ``qbar_e = E_x q(e | x)`` the router's
   posterior averaged over the tokens of a batch and ``pi`` uniform; and, for comparison, the
   Switch-Transformer auxiliary loss ``E sum_e f_e P_e`` (Fedus et al. 2021, eq. 4), ``f_e`` the
