@@ -136,6 +136,47 @@ def test_debiased_resultant_concentration_has_no_isotropic_floor():
         assert np.mean(plain) - kappa > 10 * se
 
 
+def test_cluster_bootstrap_draws_whole_documents():
+    """Each resample is the windows of ``G`` documents drawn with replacement, each document
+    whole; every document is drawn with frequency ``1 / G`` (binomial band, 4 sd)."""
+    groups = np.repeat(np.arange(6), 3)
+    idx = stats.cluster_bootstrap_indices(groups, 2000, seed=5)
+    assert idx.shape == (2000, 18)
+    blocks = groups[idx].reshape(2000, 6, 3)
+    assert np.all(blocks == blocks[..., :1])  # whole documents
+    np.testing.assert_array_equal(np.sort(idx.reshape(2000, 6, 3), -1)[0, 0],
+                                  np.flatnonzero(groups == blocks[0, 0, 0]))
+    share = np.mean(blocks[..., 0] == 2)
+    assert abs(share - 1 / 6) < 4 * math.sqrt(1 / 6 * 5 / 6 / (2000 * 6))
+    with pytest.raises(ValueError, match="equal sizes"):
+        stats.cluster_bootstrap_indices(np.array([0, 0, 1]), 10, seed=0)
+
+
+def test_austen_documents_and_their_passages():
+    """The six novels as documents (the five training novels make up ``train.txt``); the
+    windows are spread through each document, ``windows / 6`` per novel, with their groups."""
+    from svflow_jax.data import austen_novels
+    from svflow_jax.diagnose.study import document_windows
+
+    novels = austen_novels()
+    assert list(novels) == ["pride_and_prejudice", "sense_and_sensibility", "mansfield_park",
+                            "emma", "northanger_abbey", "persuasion"]
+    train = (Path(__file__).parents[1] / "svflow_jax/data/austen/train.txt").read_text()
+    five = [novels[k] for k in list(novels)[:5]]
+    assert sum(map(len, five)) <= len(train) <= sum(map(len, five)) + 5 * 8  # separators
+    assert all(text in train for text in five)
+    assert novels["emma"].startswith("EMMA") and novels["persuasion"].startswith("Persuasion")
+    docs = {k: np.arange(1000) + 10_000 * i for i, k in enumerate(novels)}
+    cfg = StudyConfig(context=20, scored=5, windows=12, ece_bins=2)
+    wins, groups = document_windows(docs, cfg, 12, lm=True)
+    assert wins.shape == (12, 21)
+    np.testing.assert_array_equal(groups, np.repeat(np.arange(6), 2))
+    np.testing.assert_array_equal(wins[:2, 0], [0, 1000 - 21])  # first and last passage
+    np.testing.assert_array_equal(wins[2:4, 0] // 10_000, 1)
+    with pytest.raises(ValueError, match="multiple"):
+        document_windows(docs, cfg, 8, lm=True)
+
+
 def test_spearman_and_ranks_match_scipy_with_ties():
     rng = np.random.default_rng(4)
     a = rng.integers(0, 5, size=(6, 20)).astype(float)  # many ties
@@ -380,7 +421,10 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
                  "rho_by_layer.csv"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["windows"] == 4 and len(summary["shuffle"]["levels"]) == 5
+    assert summary["config"]["windows"] == 6 and len(summary["shuffle"]["levels"]) == 5
+    # the corpus: one passage of each of the six novels, bootstrapped as documents
+    assert summary["shuffle"]["bootstrap_unit"] == "documents"
+    assert len(summary["text"]["documents"]) == 6
     assert summary["environment"]["cpu_count"] == os.cpu_count()
     task = summary["shuffle"]["task"]
     assert all(math.isfinite(v) and 10 < v < 500 for v in task["perplexity"])
@@ -392,8 +436,8 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert "## Headline" in report
     # the conclusion first, with the small-sample caveat; no absolute path (site-packages)
     assert " of the " in report.splitlines()[2] and "are reproduced" in report.splitlines()[2]
-    assert "A quick run: 4 windows are too few to detect these effects" in report
-    assert summary["text"]["path"] == "svflow_jax/data/emma_opening.txt"
+    assert "A quick run: 6 windows are too few to detect these effects" in report
+    assert summary["text"]["path"].startswith("svflow_jax/data/austen (austen: 6 novels")
     assert "site-packages" not in report and str(tmp_path) not in report
 
 

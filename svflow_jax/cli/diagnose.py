@@ -14,8 +14,8 @@ from .common import add_run_options, subcommand
 __all__ = ["add_parser", "run", "add_diagnose_parser", "run_diagnose"]
 
 
-OPTIONS = ("model", "text", "context", "scored", "windows", "levels", "permutations", "seed",
-           "bootstrap", "ece_bins", "scaling_factors", "scaling_level", "scaling_windows")
+OPTIONS = ("model", "text", "corpus", "context", "scored", "windows", "levels", "permutations",
+           "seed", "bootstrap", "ece_bins", "scaling_factors", "scaling_level", "scaling_windows")
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -37,12 +37,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    f"all-minilm-l6-v2) or a checkpoint path (default {DEFAULT_MODEL})")
     p.add_argument("--model", dest="model_option", metavar="MODEL",
                    help="deprecated: give MODEL as the first argument, as for svflow inspect")
-    p.add_argument("--text", help="UTF-8 text file (default: the opening of Emma, "
-                   "svflow_jax/data/emma_opening.txt)")
+    p.add_argument("--text", help="one UTF-8 text file: consecutive windows from its start, "
+                   "bootstrap over windows (overrides --corpus)")
+    p.add_argument("--corpus", choices=("austen", "none"),
+                   help="austen (default): Jane Austen's six novels shipped with the package as "
+                   "documents, windows/6 passages spread through each, bootstrap over the "
+                   "documents; none: the opening of Emma (svflow_jax/data/emma_opening.txt)")
     p.add_argument("--context", type=int_at_least(2), help="tokens per window (default 128)")
     p.add_argument("--scored", type=int_at_least(1),
                    help="scored tokens at the end of each window (default 32)")
-    p.add_argument("--windows", type=int_at_least(1), help="number of windows (default 32)")
+    p.add_argument("--windows", type=int_at_least(1),
+                   help="number of windows, a multiple of 6 with the corpus (default 36)")
     p.add_argument("--levels", type=fraction, nargs="+", metavar="FRACTION",
                    help="shuffled fractions of the prefix, increasing, including 0 "
                    "(default 0 0.2 0.4 0.6 0.8 1)")
@@ -50,7 +55,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="permutations per non-zero level (default 3)")
     p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
     p.add_argument("--bootstrap", type=int_at_least(1),
-                   help="bootstrap resamples of the windows (default 1000)")
+                   help="bootstrap resamples of the documents, or of the windows of one "
+                   "text (default 1000)")
     p.add_argument("--ece-bins", type=int_at_least(1), help="equal-mass ECE bins (default 10)")
     p.add_argument("--scaling-factors", type=positive_float, nargs="*", metavar="C",
                    help="attention-logit factors; none: skip the experiment "
@@ -60,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--scaling-windows", type=int_at_least(1),
                    help="windows of the scaling experiment (default: --windows)")
     p.add_argument("--quick", action="store_true",
-                   help="a small run for CI (48-token windows, 4 windows, 5 levels, 1 "
+                   help="a small run for CI (48-token windows, 6 windows, 5 levels, 1 "
                    "permutation, factors 0.5 1 3 on 2 windows); explicit options still win")
     add_run_options(p, "diagnose")
     p.set_defaults(run=run)
@@ -88,6 +94,8 @@ def _config(args: argparse.Namespace):
     for k in ("levels", "scaling_factors"):
         if k in given:
             given[k] = tuple(given[k])
+    if given.get("corpus") == "none":
+        given["corpus"] = None
     try:
         return StudyConfig(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
@@ -102,7 +110,7 @@ def _save_data(path: Path, data) -> None:
 
     arrays = {f"metric_{k}": v for k, v in data.metrics.items()}
     arrays.update({f"per_head_{k}": v for k, v in data.per_head.items()})
-    for k in ("nll", "confidence", "correct"):
+    for k in ("nll", "confidence", "correct", "groups"):
         if getattr(data, k) is not None:
             arrays[k] = getattr(data, k)
     with replacing(path) as f:
@@ -114,8 +122,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..diagnose.study import default_text
     from ..reporting import display_path
 
-    text = Path(config.text) if config.text else default_text()
-    runtime.read_text_file(text, "--text")  # exists and is UTF-8
+    if not config.documents:
+        text = Path(config.text) if config.text else default_text()
+        runtime.read_text_file(text, "--text")  # exists and is UTF-8
+    elif config.windows % config.documents:
+        raise runtime.UsageError(f"--windows {config.windows} must be a multiple of the "
+                                 f"{config.documents} documents of --corpus {config.corpus}")
     from .. import packaged
 
     if config.model not in packaged.MODELS and not Path(config.model).exists():
@@ -134,8 +146,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except ValueError as err:  # e.g. a text too short for the windows asked for
             raise runtime.UsageError(str(err)) from None
     summary = result.summary
-    summary["text"]["path"] = ("svflow_jax/data/emma_opening.txt" if not config.text
-                               else display_path(config.text))
+    if not config.documents:
+        summary["text"]["path"] = ("svflow_jax/data/emma_opening.txt" if not config.text
+                                   else display_path(config.text))
     summary["model"]["name"] = display_path(config.model)
     summary["run"] = {"quick": args.quick, "out": display_path(out)}
     write_all(out, summary)

@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 
 __all__ = ["rankdata", "spearman", "expected_calibration_error", "bootstrap_indices",
-           "percentile_interval", "LevelControlled", "level_controlled_spearman"]
+           "cluster_bootstrap_indices", "percentile_interval", "LevelControlled",
+           "level_controlled_spearman"]
 
 
 def rankdata(a: np.ndarray) -> np.ndarray:
@@ -76,6 +77,21 @@ def expected_calibration_error(
 def bootstrap_indices(n: int, resamples: int, seed: int) -> np.ndarray:
     """``(resamples, n)`` indices drawn with replacement (``default_rng(seed)``)."""
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def cluster_bootstrap_indices(groups: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """``(resamples, n)`` window indices of a bootstrap over groups (documents): each
+    resample draws the groups with replacement (``default_rng(seed)``) and takes all windows of
+    each drawn group, in group order. The groups must have equal sizes (so every resample has
+    ``n`` windows)."""
+    groups = np.asarray(groups)
+    names, sizes = np.unique(groups, return_counts=True)
+    if len(set(sizes.tolist())) != 1:
+        counts = dict(zip(names.tolist(), sizes.tolist(), strict=True))
+        raise ValueError(f"the groups must have equal sizes, got {counts}")
+    members = np.stack([np.flatnonzero(groups == g) for g in names])  # (G, size)
+    drawn = np.random.default_rng(seed).integers(0, len(names), size=(resamples, len(names)))
+    return members[drawn].reshape(resamples, -1)
 
 
 def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ from . import stats
 from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
 
 __all__ = ["METRICS", "MODEL_UNITS", "DEPTH_METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK",
-           "ShuffleData", "Diagnosis", "default_text",
-           "load_model", "token_ids", "make_windows", "shuffle_plan", "run_shuffle_study",
+           "ShuffleData", "Diagnosis", "default_text", "CORPORA", "load_model", "token_ids",
+           "document_windows", "make_windows", "shuffle_plan", "run_shuffle_study",
            "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
 
 METRICS: dict[str, str] = {
@@ -91,10 +91,14 @@ class StudyConfig:
 
     Attributes:
         model: a packaged model name (:data:`svflow_jax.packaged.MODELS`) or a checkpoint path.
-        text: a UTF-8 text file (``None``: :func:`default_text`).
+        text: a UTF-8 text file: one document, consecutive windows from its start, bootstrap
+            over windows (overrides ``corpus``).
+        corpus: ``"austen"``: Jane Austen's six novels (:func:`svflow_jax.data.austen_novels`)
+            as documents, ``windows / 6`` passages of each spread evenly through it, and the
+            bootstrap resamples documents; ``None`` (and no ``text``): :func:`default_text`.
         context: tokens per window ``n``.
         scored: scored tokens ``s`` (the last ``s`` positions; never moved).
-        windows: number of windows (consecutive, non-overlapping, from the text's start).
+        windows: number of windows (a multiple of the documents' number with a corpus).
         levels: shuffled fractions of the ``n - s`` prefix positions; must include 0.
         permutations: random permutations per non-zero level.
         seed: seed of the permutations and of the bootstrap.
@@ -108,9 +112,10 @@ class StudyConfig:
 
     model: str = "smollm2-135m-instruct"
     text: str | None = None
+    corpus: str | None = "austen"
     context: int = 128
     scored: int = 32
-    windows: int = 32
+    windows: int = 36
     levels: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     permutations: int = 3
     seed: int = 0
@@ -130,6 +135,9 @@ class StudyConfig:
         if self.scored >= self.context:
             raise ValueError(f"scored ({self.scored}) must be smaller than context "
                              f"({self.context})")
+        if self.corpus not in CORPORA:
+            raise ValueError(f"corpus must be one of {sorted(CORPORA, key=str)}, got "
+                             f"{self.corpus!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         lv = tuple(float(v) for v in self.levels)
@@ -152,11 +160,19 @@ class StudyConfig:
             raise ValueError(f"ece_bins ({self.ece_bins}) exceeds the scored tokens per level "
                              f"({self.windows * self.scored})")
 
+    @property
+    def documents(self) -> int:
+        """The number of documents of the corpus in use (0: one text, bootstrap over windows)."""
+        return 0 if self.text is not None else CORPORA[self.corpus]
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-QUICK: dict[str, Any] = dict(context=48, scored=16, windows=4, levels=(0.0, 0.25, 0.5, 0.75, 1.0),
+#: corpus name -> number of documents (``None``: a single text)
+CORPORA: dict[str | None, int] = {"austen": 6, None: 0}
+
+QUICK: dict[str, Any] = dict(context=48, scored=16, windows=6, levels=(0.0, 0.25, 0.5, 0.75, 1.0),
                              permutations=1, bootstrap=200, ece_bins=4,
                              scaling_factors=(0.5, 1.0, 3.0), scaling_windows=2,
                              permutation_tests=500)
@@ -184,6 +200,28 @@ def token_ids(tokenizer, text: str) -> np.ndarray:
         return np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
     except TypeError:
         return np.asarray(tokenizer.encode(text).ids, np.int64)
+
+
+def document_windows(ids: np.ndarray | Mapping[str, np.ndarray], config: StudyConfig,
+                     windows: int, lm: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(windows, groups)``: for one text, :func:`make_windows` and ``None``; for documents
+    (name -> token ids), ``windows / D`` windows of each of the ``D`` documents at evenly spaced
+    offsets through it (passages, not consecutive) and each window's document index."""
+    if not isinstance(ids, Mapping):
+        return make_windows(ids, config, windows, lm), None
+    width = config.context + (1 if lm else 0)
+    per = windows // len(ids)
+    if per < 1 or per * len(ids) != windows:
+        raise ValueError(f"windows ({windows}) must be a positive multiple of the "
+                         f"{len(ids)} documents")
+    out = []
+    for name, doc in ids.items():
+        if len(doc) < per * width:
+            raise ValueError(f"document {name} has {len(doc)} tokens; {per} windows of "
+                             f"{width} need {per * width}")
+        starts = np.linspace(0, len(doc) - width, per).astype(int)
+        out.append(np.stack([np.asarray(doc[a:a + width]) for a in starts]))
+    return np.concatenate(out), np.repeat(np.arange(len(ids)), per)
 
 
 def make_windows(ids: np.ndarray, config: StudyConfig, windows: int, lm: bool) -> np.ndarray:
@@ -257,14 +295,15 @@ class ShuffleData:
     correct: np.ndarray | None
     seconds: float
     local: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    groups: np.ndarray | None = None  # (W,) each window's document; None: one text
 
 
-def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
+def run_shuffle_study(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: StudyConfig,
                       progress: Callable[[], None] | None = None) -> ShuffleData:
     """Every window under every shuffle level (one jitted call per window)."""
     start = time.perf_counter()
     lm = bool(loaded.config.lm_head and loaded.config.causal)
-    wins = make_windows(ids, config, config.windows, lm)
+    wins, groups = document_windows(ids, config, config.windows, lm)
     K = len(config.levels)
     metrics: dict[str, list] = {name: [] for name in METRICS}
     local: dict[str, list] = {name: [] for name in DEPTH_METRICS}
@@ -302,7 +341,7 @@ def run_shuffle_study(loaded, ids: np.ndarray, config: StudyConfig,
         levels=config.levels, metrics=mets, per_head=per_head,
         nll=np.asarray(nll) if lm else None, confidence=np.stack(conf) if lm else None,
         correct=np.stack(corr) if lm else None, seconds=time.perf_counter() - start,
-        local={k: np.stack(v) for k, v in local.items()})
+        local={k: np.stack(v) for k, v in local.items()}, groups=groups)
 
 
 def _task_curves(data: ShuffleData, idx: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -338,10 +377,14 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
     direction of :data:`EXPECTED_SIGN`; the verdicts rest on those).
     """
     W, K, L = next(iter(data.metrics.values())).shape
-    idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    if data.groups is None:
+        idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    else:  # resample documents, each with all its windows
+        idx = stats.cluster_bootstrap_indices(data.groups, config.bootstrap, config.seed)
     every = np.arange(W)[None, :]
     out: dict[str, Any] = {"levels": list(data.levels), "windows": W, "layers": L,
-                           "bootstrap": config.bootstrap}
+                           "bootstrap": config.bootstrap,
+                           "bootstrap_unit": "windows" if data.groups is None else "documents"}
     means = {name: m.mean(0) for name, m in data.metrics.items()}  # (K, L)
     out["level_means"] = {name: m.tolist() for name, m in means.items()}
     out["per_head_means"] = {name: m.tolist() for name, m in data.per_head.items()}
@@ -467,7 +510,7 @@ def across_models(datas: list[ShuffleData], config: StudyConfig) -> dict[str, An
     return out
 
 
-def run_scaling(loaded, ids: np.ndarray, config: StudyConfig,
+def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: StudyConfig,
                 progress: Callable[[], None] | None = None) -> dict[str, Any]:
     """The attention logits of every layer multiplied by ``c`` (each factor of
     ``config.scaling_factors``): task metrics on clean windows, the SVFlow metrics, and the
@@ -477,7 +520,11 @@ def run_scaling(loaded, ids: np.ndarray, config: StudyConfig,
     if not lm:
         raise ValueError("the scaling experiment needs a causal language model")
     n_win = config.scaling_windows or config.windows
-    wins = make_windows(ids, config, n_win, lm)
+    if isinstance(ids, Mapping):  # spread over the documents: the study's windows, evenly
+        every, _ = document_windows(ids, config, config.windows, lm)
+        wins = every[np.linspace(0, len(every) - 1, min(n_win, len(every))).astype(int)]
+    else:
+        wins = make_windows(ids, config, n_win, lm)
     idx = stats.bootstrap_indices(n_win, config.bootstrap, config.seed + 1)
     rows = []
     for c in config.scaling_factors:
@@ -545,10 +592,21 @@ def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
     is called after each."""
     t0 = time.perf_counter()
     loaded = load_model(config.model)
-    text_path = Path(config.text) if config.text else default_text()
-    if not text_path.is_file():
-        raise ValueError(f"{text_path}: no such text file (pass --text)")
-    ids = token_ids(loaded.tokenizer, text_path.read_text(encoding="utf-8"))
+    ids: np.ndarray | dict[str, np.ndarray]
+    if config.documents:  # the corpus: documents, bootstrapped as documents
+        from ..data import austen_novels
+
+        ids = {name: token_ids(loaded.tokenizer, text) for name, text in austen_novels().items()}
+        text_info = {"path": f"svflow_jax/data/austen ({config.corpus}: {len(ids)} novels, "
+                             f"{config.windows // len(ids)} passages each)",
+                     "tokens": int(sum(len(v) for v in ids.values())),
+                     "documents": {name: int(len(v)) for name, v in ids.items()}}
+    else:
+        text_path = Path(config.text) if config.text else default_text()
+        if not text_path.is_file():
+            raise ValueError(f"{text_path}: no such text file (pass --text)")
+        ids = token_ids(loaded.tokenizer, text_path.read_text(encoding="utf-8"))
+        text_info = {"path": str(text_path), "tokens": int(len(ids))}
     lm = bool(loaded.config.lm_head and loaded.config.causal)
     load_s = time.perf_counter() - t0
     n_scaling = (config.scaling_windows or config.windows) * len(config.scaling_factors)
@@ -567,7 +625,7 @@ def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
         "model": {"name": config.model, "layers": cfg.n_layers, "d_model": cfg.d_model,
                   "heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "causal": cfg.causal,
                   "norm_position": cfg.norm_position, "language_model": lm},
-        "text": {"path": str(text_path), "tokens": int(len(ids))},
+        "text": text_info,
         "metrics": METRICS,
         "shuffle": analysis,
         "scaling": scaling,
