@@ -177,6 +177,25 @@ def test_austen_documents_and_their_passages():
         document_windows(docs, cfg, 8, lm=True)
 
 
+def test_scaling_is_reported_per_head_entropy_band():
+    """Nine heads with entropies 0..8 fall in thirds (0-2, 3-5, 6-8); each third's mean KL at
+    every factor and its growth from c = 1 to the largest c are those of its own heads."""
+    from svflow_jax.diagnose.study import _entropy_bands
+
+    entropy = np.arange(9.0).reshape(3, 3)
+    base = np.full((3, 3), 0.1)
+    grow = np.array([1.5] * 3 + [2.0] * 3 + [6.0] * 3).reshape(3, 3)  # by band
+    rows = [{"factor": c, "_heads": (entropy if c == 1.0 else entropy + 5, base * grow ** (c - 1))}
+            for c in (0.5, 1.0, 3.0)]
+    bands = _entropy_bands(rows)
+    assert [b["band"] for b in bands] == ["low", "middle", "high"]
+    assert [b["heads"] for b in bands] == [3, 3, 3]
+    assert [b["entropy_range"] for b in bands] == [[0, 2], [3, 5], [6, 8]]
+    for b, g in zip(bands, (1.5, 2.0, 6.0), strict=True):
+        assert b["growth"] == pytest.approx(g ** 2)
+        assert b["kl_clean"]["0.5"] == pytest.approx(0.1 * g ** -0.5)
+
+
 def test_spearman_and_ranks_match_scipy_with_ties():
     rng = np.random.default_rng(4)
     a = rng.integers(0, 5, size=(6, 20)).astype(float)  # many ties

@@ -104,9 +104,11 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
             growth = b["kl_clean"] / a["kl_clean"]
             oc_up = b["overconfidence_ci"][0] > a["overconfidence_ci"][1]
             ok = growth > top and oc_up
-            rows.append({"statement": PAPER["scaling"],
-                         "ours": f"x{top:g} logits: KL(q_clean||q_shuf) x{growth:.2f}, "
-                                 f"over-confidence {a['overconfidence']:+.3f} -> "
+            bands = ", ".join(f"{e['band']}-entropy heads x{_fmt(e['growth'], 2)}"
+                              for e in sc.get("by_entropy_band", []))
+            rows.append({"statement": PAPER["scaling"] + " (an intervention on this one model)",
+                         "ours": f"x{top:g} logits: KL(q_clean||q_shuf) x{growth:.2f} "
+                                 f"({bands}), over-confidence {a['overconfidence']:+.3f} -> "
                                  f"{b['overconfidence']:+.3f}, ECE {a['ece']:.3f} -> "
                                  f"{b['ece']:.3f}",
                          "verdict": "reproduced" if ok else "not reproduced"})
@@ -271,7 +273,8 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
              f"{sh['windows']} windows of {cfg['context']} tokens, the last {cfg['scored']} "
              f"scored; shuffle levels {cfg['levels']} of the first {cfg['context'] - cfg['scored']}"
              f" positions, {cfg['permutations']} permutations each; seed {cfg['seed']}; "
-             f"{cfg['bootstrap']} bootstrap resamples of the windows (95% percentile intervals)."
+             f"{cfg['bootstrap']} bootstrap resamples of the "
+             f"{sh.get('bootstrap_unit', 'windows')} (95% percentile intervals)."
              f" Run time {t['total_s']:.0f} s (load {t['load_s']:.0f} s, shuffle study "
              f"{t['shuffle_s']:.0f} s, scaling {_fmt(t['scaling_s'])} s).", "",
              "Definitions: docs/theory.md, section 19.", "", "## Headline", "",
@@ -342,6 +345,18 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
                 f"{_ci(r['overconfidence_ci'])} | {r['kl_clean']:.3f} {_ci(r['kl_clean_ci'])} | "
                 f"{r['kl_q_p']:.3f} | {r['entropy']:.3f} | {r['kappa_attn']:.1f} | "
                 f"{r['kappa_posterior']:.1f} |")
+        if bands := sc.get("by_entropy_band"):
+            factors = list(bands[0]["kl_clean"])
+            lines += ["", "An intervention on this one model, whose outcome can depend on "
+                      "how diffuse its heads are. Heads in thirds by their clean "
+                      "attention entropy at c = 1, mean KL(q_clean||q_shuf):", "",
+                      "| heads | entropy (nats) | " + " | ".join(f"c = {c}" for c in factors)
+                      + " | growth |", "| --- | --- | " + "--- | " * len(factors) + "--- |"]
+            for e in bands:
+                lo, hi = e["entropy_range"]
+                lines.append(f"| {e['band']} ({e['heads']}) | {lo:.2f}-{hi:.2f} | "
+                             + " | ".join(f"{e['kl_clean'][c]:.3f}" for c in factors)
+                             + f" | x{_fmt(e['growth'], 2)} |")
     lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
     if line := provenance(summary.get("environment")):
         lines += ["", line]

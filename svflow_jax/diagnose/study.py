@@ -514,18 +514,29 @@ def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: Stud
                 progress: Callable[[], None] | None = None) -> dict[str, Any]:
     """The attention logits of every layer multiplied by ``c`` (each factor of
     ``config.scaling_factors``): task metrics on clean windows, the SVFlow metrics, and the
-    clean-vs-shuffled divergence at ``config.scaling_level`` (one permutation per window)."""
+    clean-vs-shuffled divergence at ``config.scaling_level`` (one permutation per window).
+
+    An intervention on one model: how much the divergence grows depends on how diffuse each
+    head is, so ``by_entropy_band`` splits the ``L x H`` heads into thirds by their clean
+    attention entropy at ``c = 1`` (the first factor without it) and gives the mean
+    ``kl_clean`` of each third at every ``c``."""
     start = time.perf_counter()
     lm = bool(loaded.config.lm_head and loaded.config.causal)
     if not lm:
         raise ValueError("the scaling experiment needs a causal language model")
     n_win = config.scaling_windows or config.windows
+    groups = None
     if isinstance(ids, Mapping):  # spread over the documents: the study's windows, evenly
-        every, _ = document_windows(ids, config, config.windows, lm)
-        wins = every[np.linspace(0, len(every) - 1, min(n_win, len(every))).astype(int)]
+        every, every_groups = document_windows(ids, config, config.windows, lm)
+        pick = np.linspace(0, len(every) - 1, min(n_win, len(every))).astype(int)
+        wins, groups = every[pick], every_groups[pick]
+        if len(set(np.unique(groups, return_counts=True)[1].tolist())) != 1:
+            groups = None  # unequal passages per document: resample windows
     else:
         wins = make_windows(ids, config, n_win, lm)
-    idx = stats.bootstrap_indices(n_win, config.bootstrap, config.seed + 1)
+    n_win = len(wins)
+    idx = (stats.bootstrap_indices(n_win, config.bootstrap, config.seed + 1) if groups is None
+           else stats.cluster_bootstrap_indices(groups, config.bootstrap, config.seed + 1))
     rows = []
     for c in config.scaling_factors:
         model = loaded.model if c == 1.0 else scale_attention_logits(loaded.model, c)
@@ -542,6 +553,8 @@ def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: Stud
                 a = a.mean(-1) if a.ndim == 3 else a  # (L, 2)
                 col = 1 if name == "kl_clean" else 0
                 per_w.setdefault(name, []).append(a[:, col])
+            per_w.setdefault("kl_clean@heads", []).append(res.kl_clean[:, 1])  # (L, H)
+            per_w.setdefault("entropy@heads", []).append(res.entropy[:, 0])
             confs.append(res.confidence[0])
             corrs.append(res.correct[0].astype(np.float64))
             if progress is not None:
@@ -571,9 +584,35 @@ def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: Stud
             row[name + "_ci"] = stats.percentile_interval(m[idx].mean((1, 2)))
             row[name + "_per_layer"] = m.mean(0).tolist()
         row["kl_clean_max_layer"] = float(arr["kl_clean"].mean(0).max())
+        row["_heads"] = (arr["entropy@heads"].mean(0), arr["kl_clean@heads"].mean(0))
         rows.append(row)
+    bands = _entropy_bands(rows)
+    for row in rows:
+        del row["_heads"]
     return {"rows": rows, "windows": n_win, "level": config.scaling_level,
-            "seconds": time.perf_counter() - start}
+            "bootstrap_unit": "windows" if groups is None else "documents",
+            "by_entropy_band": bands, "seconds": time.perf_counter() - start}
+
+
+def _entropy_bands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Heads split into thirds by clean attention entropy at the reference factor (1, else the
+    first); per third, the entropy range, the number of heads and the mean ``kl_clean`` at each
+    factor, with its growth from the reference factor to the largest."""
+    ref = next((r for r in rows if r["factor"] == 1.0), rows[0])
+    entropy = ref["_heads"][0].ravel()  # (L H,)
+    edges = np.quantile(entropy, [1 / 3, 2 / 3])
+    band_of = np.digitize(entropy, edges)  # 0 low, 1 middle, 2 high entropy
+    top = max(rows, key=lambda r: r["factor"])
+    out = []
+    for b, label in enumerate(("low", "middle", "high")):
+        heads = band_of == b
+        kl = {r["factor"]: float(r["_heads"][1].ravel()[heads].mean()) for r in rows}
+        out.append({"band": label, "heads": int(heads.sum()),
+                    "entropy_range": [float(entropy[heads].min()), float(entropy[heads].max())],
+                    "kl_clean": {str(c): v for c, v in kl.items()},
+                    "growth": kl[top["factor"]] / kl[ref["factor"]] if kl[ref["factor"]] > 0
+                    else float("nan")})
+    return out
 
 
 @dataclasses.dataclass
