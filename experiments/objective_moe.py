@@ -23,9 +23,11 @@ attention entropies, J_var per branch and the gradient coupling of posterior and
 Verdicts (:func:`verdicts`): every statement is decided by one-sided Student-t bounds over
 seeds (paired by seed where two arms are compared) at level ``1 - ALPHA / m``, Bonferroni over
 all ``m`` decisions, against thresholds and directions fixed in this file before any run; a
-decision with one seed is undecided. Top-1 arms are trained and tabled but not counted: their
-renormalised routing weight is exactly 1, so no task gradient reaches the router and they
-cannot test the mechanism. "Attention trains stably" needs attention to have left its
+decision with one seed is undecided. With the default (renormalised) gate, top-1 arms are
+trained and tabled but not counted: their routing weight is exactly 1, so no task gradient
+reaches the router and they cannot test the mechanism. ``--gate switch`` scales each selected
+expert by its softmax probability (the Switch Transformer's gate), so a top-1 router is trained
+by the task and its arms are counted. "Attention trains stably" needs attention to have left its
 initialisation (its entropy fell from step 0) as well as not collapsed.
 
 Outputs in ``--out``: ``config.json``, ``runs.jsonl`` (every run's history and environment;
@@ -57,8 +59,9 @@ from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
 
-DEFAULT = dict(seeds=5, steps=120, top_ks=[1, 2], methods=["none", "switch", "popkl", "jvar"],
-               dense_methods=["none", "jvar"], eval_every=50, eval_sequences=64, coef=0.01,
+DEFAULT = dict(seeds=5, steps=120, top_ks=[1, 2], gate="renormalised",
+               methods=["none", "switch", "popkl", "jvar"], dense_methods=["none", "jvar"],
+               eval_every=50, eval_sequences=64, coef=0.01,
                d_model=64, n_layers=2, n_heads=4, d_ff=64, dense_d_ff=128, context=64,
                batch_size=16, lr=3e-3, warmup=30)
 QUICK = dict(DEFAULT, seeds=1, steps=12, top_ks=[1], eval_every=6, eval_sequences=16,
@@ -86,6 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=positive_int, help="optimiser steps per run (default 120)")
     p.add_argument("--top-ks", type=positive_int, nargs="+",
                    help=f"MoE top-k values, at most {N_EXPERTS} (default 1 2)")
+    p.add_argument("--gate", choices=("renormalised", "switch"),
+                   help="the MoE routers' gate: renormalised over the top-k (default; a top-1 "
+                   "router then gets no task gradient and top-1 arms are not counted) or switch "
+                   "(the softmax probability scales the expert, as in the Switch Transformer; "
+                   "top-1 arms are counted)")
     p.add_argument("--methods", nargs="+", help="MoE methods (default none switch popkl jvar)")
     p.add_argument("--dense-methods", nargs="*", help="plain Transformer methods (default "
                    "none jvar; give none to skip the dense runs: --dense-methods)")
@@ -103,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def settings(args) -> dict:
     s = dict(QUICK if args.quick else DEFAULT)
-    for name in ("seeds", "steps", "top_ks", "methods", "dense_methods", "coef"):
+    for name in ("seeds", "steps", "top_ks", "gate", "methods", "dense_methods", "coef"):
         v = getattr(args, name)
         if v is not None:
             s[name] = v
@@ -127,7 +135,7 @@ def run_configs(s: dict):
         for k in s["top_ks"]:
             for m in s["methods"]:
                 out.append(RunConfig(ffn="moe", n_experts=N_EXPERTS, top_k=k, method=m, seed=seed,
-                                     d_ff=s["d_ff"], **common))
+                                     gate=s["gate"], d_ff=s["d_ff"], **common))
         for m in s["dense_methods"]:
             out.append(RunConfig(ffn="gelu", method=m, seed=seed, d_ff=s["dense_d_ff"], **common))
     return out
@@ -238,14 +246,15 @@ def _verdict(decisions: list[dict]) -> bool | None:
     return all(passed)
 
 
-def verdicts(runs: list[dict], top_ks: list[int]) -> dict:
+def verdicts(runs: list[dict], top_ks: list[int], gate: str = "renormalised") -> dict:
     """Each statement's criterion, its decisions (per-seed values, one-sided bound at the
     Bonferroni-adjusted level, threshold) and ``reproduced`` (True/False/None), every threshold
-    and expected direction fixed here, before any run. Top-1 arms cannot test the routing
-    mechanism (the renormalised top-1 weight is 1: no task gradient reaches the router) and are
-    left out of the MoE decisions."""
+    and expected direction fixed here, before any run. With the renormalised gate, top-1 arms
+    cannot test the routing mechanism (the renormalised top-1 weight is 1: no task gradient
+    reaches the router) and are left out of the MoE decisions; with the Switch gate they count."""
     final, first = per_seed(runs), per_seed(runs, "first")
-    routed = [k for k in top_ks if k >= 2]
+    routed = [k for k in top_ks if k >= 2 or gate == "switch"]
+    counted = "every top-k" if gate == "switch" else "top-k >= 2"
     plan: dict[str, list[dict]] = {}
     plan["moe_collapses"] = [decision(
         f"top-{k}: H(f)/log E of switch - none (paired by seed)",
@@ -282,14 +291,14 @@ def verdicts(runs: list[dict], top_ks: list[int]) -> dict:
            for s in seeds]
     plan["coupling"] = [decision("attention coupling cosine (mean over arms, per seed)", attn,
                                  "above", 0.5),
-                        decision("MoE (top-k >= 2) coupling cosine, per seed", moe, "above",
+                        decision(f"MoE ({counted}) coupling cosine, per seed", moe, "above",
                                  -0.1),
-                        decision("MoE (top-k >= 2) coupling cosine, per seed", moe, "below",
+                        decision(f"MoE ({counted}) coupling cosine, per seed", moe, "below",
                                  0.1)]
     decide([d for ds in plan.values() for d in ds])
     criteria = {
         "moe_collapses": "without balancing the routing is less balanced than with the Switch "
-                         "loss: the paired difference's lower bound > 0, every top-k >= 2",
+                         f"loss: the paired difference's lower bound > 0, {counted}",
         "attention_healthy": "the plain Transformer's attention has left its initialisation "
                              "(entropy fell: upper bound < 0) and has not collapsed (lower "
                              f"bound > {ATTENTION_FLOOR} of the uniform posterior's entropy)",
@@ -443,7 +452,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     from svflow_jax.tables import write_csv
 
     table = aggregate(runs)
-    v = verdicts(runs, s["top_ks"])
+    v = verdicts(runs, s["top_ks"], s.get("gate", "renormalised"))
     write_csvs(out, runs)
     write_csv(out / "table.csv", [{"arm": n, "seeds": r["seeds"],
                                    **{m: r[m]["mean"] for m in MEASURES if m in r},
@@ -462,6 +471,7 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     text = [
         "# The hybrid objective and MoE stability", "",
         f"Scale: **{scale}**; {len(runs)} runs, {s['steps']} steps each, seeds {s['seeds']}; "
+        f"MoE gate: {s.get('gate', 'renormalised')}; "
         f"{sum(r['seconds'] for r in runs) / 60:.1f} min of training and evaluation (sum over "
         "runs). Final evaluation on *Persuasion* "
         f"({s['eval_sequences']} windows of {s['context']} bytes). Intervals: 95% Student t "

@@ -94,3 +94,18 @@ def test_one_seed_is_undecided_and_top1_is_not_a_test_of_routing():
     only_top1 = script.verdicts(_runs(5, 0.02), [1])
     assert only_top1["moe_collapses"]["decisions"] == []
     assert only_top1["moe_collapses"]["reproduced"] is None
+
+
+def test_a_switch_gated_top1_router_is_counted():
+    """With ``--gate switch`` a top-1 router is trained by the task, so the top-1 arms enter the
+    MoE decisions (the same runs relabelled top-1)."""
+    script = _script()
+    runs = _runs(5, 0.02)
+    for r in runs:
+        if r["config"]["top_k"] == 2:
+            r["config"]["top_k"] = 1
+    assert script.verdicts(runs, [1])["moe_collapses"]["decisions"] == []
+    v = script.verdicts(runs, [1], gate="switch")
+    assert [d["what"] for d in v["moe_collapses"]["decisions"]] == [
+        "top-1: H(f)/log E of switch - none (paired by seed)"]
+    assert v["moe_collapses"]["reproduced"] is True

@@ -997,3 +997,41 @@ def test_partial_rotary_embedding_by_direct_computation():
         TransformerConfig(**(BASE | {"d_head": 8}), rope=RoPE(rotary_dim=10))
     with pytest.raises(ValueError, match="rotary_dim must be even"):
         RoPE(rotary_dim=3)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_switch_gate_weights_and_the_router_gradient(top_k):
+    """``router_gate="switch"``: the selected experts' weights are the full softmax's
+    probabilities (NumPy), summing to less than 1; with top-1 the renormalised router gets an
+    exactly zero task gradient and the Switch-gated one a non-zero one (autodiff)."""
+    from svflow_jax.correspondence import check_supported
+    from svflow_jax.transformer.model import MoE
+
+    rng = np.random.default_rng(top_k)
+    x = jnp.asarray(rng.standard_normal((5, 8)))
+    c = jnp.asarray(rng.standard_normal((5, 8)))
+    grads = {}
+    for gate in ("renormalised", "switch"):
+        config = TransformerConfig(d_model=8, n_layers=1, n_heads=2, d_head=4, d_ff=16,
+                                   ffn="moe", n_experts=4, top_k=top_k, router_gate=gate,
+                                   norm_position="pre", param_dtype=jnp.float64)
+        moe = MoE(config, rngs=nnx.Rngs(0))
+        logits = np.asarray(x) @ np.asarray(moe.router[...])
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        top = np.argsort(-logits, axis=-1)[:, :top_k]
+        mask = np.zeros_like(p, bool)
+        np.put_along_axis(mask, top, True, axis=-1)
+        want = np.where(mask, p, 0.0) if gate == "switch" else np.where(
+            mask, p, 0.0) / np.where(mask, p, 0.0).sum(-1, keepdims=True)
+        np.testing.assert_allclose(moe.router_weights(x), want, rtol=1e-12, atol=1e-15)
+        graphdef, state = nnx.split(moe)
+        grads[gate] = jax.grad(lambda s, g=graphdef: jnp.sum(nnx.merge(g, s)(x) * c))(state)
+        if gate == "switch":
+            assert np.all(want.sum(-1) < 1)
+            with pytest.raises(ValueError, match="router_gate='switch'"):
+                check_supported(config)
+    renorm = float(jnp.max(jnp.abs(grads["renormalised"]["router"][...])))
+    switch = float(jnp.max(jnp.abs(grads["switch"]["router"][...])))
+    assert switch > 1e-3
+    assert renorm == 0.0 if top_k == 1 else renorm > 1e-3

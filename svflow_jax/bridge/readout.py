@@ -72,6 +72,9 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
     if config.norm != "rms" and config.project_branches:
         problems.append(f"norm={config.norm!r} with projected branches (they are projected "
                         "on the sphere of R^d, the LayerNorm reads the centred hyperplane)")
+    if config.ffn == "moe" and config.router_gate != "renormalised":
+        problems.append(f"router_gate={config.router_gate!r} (the gate weights do not sum to 1: "
+                        "not a router posterior)")
     if config.has_norm_bias and config.ffn == "moe":
         problems.append("a LayerNorm bias in front of a MoE router (the router posterior has "
                         "no offset)")

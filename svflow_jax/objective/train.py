@@ -53,6 +53,7 @@ class RunConfig:
     ffn: str = "moe"
     n_experts: int = 8
     top_k: int = 1
+    gate: str = "renormalised"
     method: str = "none"
     coef: float = 0.01
     d_model: int = 64
@@ -79,6 +80,8 @@ class RunConfig:
             raise ValueError(f"method {self.method!r} needs a MoE model")
         if self.ffn == "moe" and not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k must be in [1, n_experts], got {self.top_k}")
+        if self.gate not in ("renormalised", "switch"):
+            raise ValueError(f"gate must be 'renormalised' or 'switch', got {self.gate!r}")
         for name in ("steps", "batch_size", "eval_every", "eval_sequences", "context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -109,7 +112,8 @@ class RunResult:
 
 def model_config(run: RunConfig) -> TransformerConfig:
     """The causal pre-norm byte-level LM of a run (learned positions, GELU experts)."""
-    moe = dict(n_experts=run.n_experts, top_k=run.top_k) if run.ffn == "moe" else {}
+    moe = (dict(n_experts=run.n_experts, top_k=run.top_k, router_gate=run.gate)
+           if run.ffn == "moe" else {})
     return TransformerConfig(
         d_model=run.d_model, n_layers=run.n_layers, n_heads=run.n_heads,
         d_head=run.d_model // run.n_heads, d_ff=run.d_ff, norm_position="pre", causal=True,

@@ -43,6 +43,7 @@ ExpertFFNKind = Literal["gelu", "swiglu"]
 
 RopeType = Literal["default", "llama3"]
 Activation = Literal["gelu", "gelu_tanh", "silu"]
+RouterGate = Literal["renormalised", "switch"]
 
 _SUBSTEPS = {"sequential": 2, "parallel": 1, "macaron": 3}
 
@@ -160,6 +161,10 @@ class TransformerConfig:
         ffn: ``"gelu"``, ``"swiglu"`` or ``"moe"``.
         n_experts: MoE only: number of experts ``E``.
         top_k: MoE only: number of experts each token is routed to.
+        router_gate: MoE only: ``"renormalised"`` (the softmax renormalised over the top-k:
+            with ``top_k = 1`` the weight is exactly 1 and no task gradient reaches the router)
+            or ``"switch"`` (the full softmax's probabilities of the selected experts, not
+            renormalised, as in the Switch Transformer: the router is trained by the task).
         expert_ffn: MoE only: the FFN each expert is (``"gelu"`` or ``"swiglu"``).
         activation: the FFN's nonlinearity ``phi``: ``"gelu"`` (exact, erf), ``"gelu_tanh"``
             (the tanh approximation ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: GPT-2's
@@ -208,6 +213,7 @@ class TransformerConfig:
     ffn: FFNKind = "gelu"
     n_experts: int | None = None
     top_k: int | None = None
+    router_gate: RouterGate = "renormalised"
     expert_ffn: ExpertFFNKind = "gelu"
     activation: Activation | None = None
     use_bias: bool = False
@@ -257,6 +263,7 @@ class TransformerConfig:
             _check_positive_int("top_k", self.top_k)
             if self.top_k > self.n_experts:
                 raise ValueError(f"top_k={self.top_k} cannot exceed n_experts={self.n_experts}")
+            _check_choice("router_gate", self.router_gate, ("renormalised", "switch"))
         elif self.n_experts is not None or self.top_k is not None:
             raise ValueError(
                 f"n_experts/top_k are MoE settings but ffn={self.ffn!r}; set ffn='moe' or "

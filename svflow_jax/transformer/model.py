@@ -319,7 +319,9 @@ class MoE(nnx.Module):
     """Top-k Mixture of Experts: ``sum_e w_e(x) FFN_e(x)``.
 
     Router logits ``x W_r`` (``router (d, E)``, no bias); ``w`` is the softmax over the ``k``
-    largest logits (= softmax over all, renormalised on the top-k) and exactly 0 elsewhere.
+    largest logits (= softmax over all, renormalised on the top-k) and exactly 0 elsewhere, or
+    with ``router_gate="switch"`` the full softmax's probabilities of the top-k (not
+    renormalised: with one expert, ``p_e(x) FFN_e(x)``, as in the Switch Transformer).
     Experts are evaluated densely and mixed with ``w``: simple, exact, and fine at our sizes.
     Ties between logits are broken towards the lower expert index (``lax.top_k``).
     """
@@ -327,15 +329,19 @@ class MoE(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         assert config.n_experts is not None and config.top_k is not None  # validated
         self.top_k = config.top_k
+        self.gate = config.router_gate
         self.router = _param(rngs, config, (config.d_model, config.n_experts))
         self.experts = FFN(config, rngs=rngs, n_experts=config.n_experts)
 
     def router_weights(self, x: Float[Array, "... d"]) -> Float[Array, "... E"]:
-        """Mixing weights ``w``: non-negative, summing to 1, non-zero on the top-k experts only."""
+        """Mixing weights ``w``: non-negative, non-zero on the top-k experts only, summing to 1
+        (renormalised) or to the top-k's softmax probability (``switch``)."""
         logits = jnp.einsum("...d,de->...e", x, _get(self.router, x))
         n_experts = logits.shape[-1]
         _, top = jax.lax.top_k(logits, self.top_k)
         selected = jnp.sum(jax.nn.one_hot(top, n_experts, dtype=jnp.int32), axis=-2) > 0
+        if self.gate == "switch":
+            return jnp.where(selected, jax.nn.softmax(logits, axis=-1), 0.0)
         # finfo.min (not -inf) keeps the max finite; exp then underflows to an exact 0.
         return jax.nn.softmax(jnp.where(selected, logits, jnp.finfo(logits.dtype).min), axis=-1)
 
