@@ -47,7 +47,8 @@ from ..flow import diagnostics as fd
 from ..next_token import token_scores
 from ..transformer.model import Block, TransformerLM
 
-__all__ = ["LayerSummaries", "check_supported", "window_diagnostics", "scale_attention_logits",
+__all__ = ["LayerSummaries", "LOCAL_METRICS", "check_supported", "window_diagnostics",
+           "scale_attention_logits",
            "natural_parameters"]
 
 
@@ -75,9 +76,15 @@ class LayerSummaries(NamedTuple):
     log_evidence_model: np.ndarray | None = None
     kl_q_p_model: np.ndarray | None = None
     kl_excess_model: np.ndarray | None = None
-    # layer-local: every metric above with only that layer's context shuffled (the clean run's
+    # layer-local: the LOCAL_METRICS with only that layer's context shuffled (the clean run's
     # stream at the layer's input, its positions permuted as in sequence p; no upstream change)
     local: dict[str, np.ndarray] | None = None
+
+
+#: The metrics also read layer-locally (``LayerSummaries.local``). ``log_evidence`` is not among
+#: them: a layer-local shuffle leaves it exactly unchanged (a uniform mixture over the same
+#: context tokens, whose ``eta`` does not see positions).
+LOCAL_METRICS = ("kl_clean", "kl_q_p", "entropy")
 
 
 def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
@@ -179,7 +186,8 @@ def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
         # Norm acts token by token, so the branch input permutes alike.
         local = _layer_metrics(layer, sub.stream_in[0][perm], sub.branch_input[0][perm],
                                inverse, scored, dtype)
-        return cumulative, local
+        # only these leave the program, so XLA drops the rest of the local pass
+        return cumulative, {name: local[name] for name in LOCAL_METRICS}
 
     y, (per_layer, local) = read_layers(model, tokens, read)  # one forward, read per layer
     task = None

@@ -27,7 +27,12 @@ import numpy as np
 
 from ..environment import environment
 from . import stats
-from .extract import LayerSummaries, scale_attention_logits, window_diagnostics
+from .extract import (
+    LOCAL_METRICS,
+    LayerSummaries,
+    scale_attention_logits,
+    window_diagnostics,
+)
 
 __all__ = ["METRICS", "MODEL_UNITS", "DEPTH_METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK",
            "ShuffleData", "Diagnosis", "default_text", "CORPORA", "load_model", "token_ids",
@@ -53,9 +58,7 @@ METRICS: dict[str, str] = {
 }
 
 #: The metrics whose depth sensitivity is also measured layer by layer (``local``).
-#: ``log_evidence`` is not among them: a layer-local shuffle leaves it exactly unchanged (a
-#: uniform mixture over the same context tokens, whose ``eta`` does not see positions).
-DEPTH_METRICS = ("kl_clean", "kl_q_p", "entropy")
+DEPTH_METRICS = LOCAL_METRICS
 
 #: The metrics reported in model units beside the flow-unit definition (descriptions only:
 #: not counted among the comparisons, never a verdict).
