@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="model sizes (d, layers)")
     p.add_argument("--seeds", type=nonnegative_int, nargs="+", default=[0, 1, 2],
                    help="one model per size and seed")
-    p.add_argument("--steps", type=positive_int, default=400, help="training steps per model")
+    p.add_argument("--steps", type=positive_int, default=600, help="training steps per model")
     p.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
     p.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
     p.add_argument("--level", type=_level, default=1.0,
