@@ -510,6 +510,8 @@ def test_across_models_verdicts_null_monotone_and_wrong_sign():
         dp = [d.nll[:, 1].mean() - d.nll[:, 0].mean() for d in datas]
         assert out["rho"][name]["change"]["rho"] == pytest.approx(
             scipy.stats.spearmanr(dv, dp).statistic, abs=1e-12)
+        np.testing.assert_allclose(out["rho"][name]["change_value"], dv)
+        np.testing.assert_allclose(out["rho"][name]["level_value"], v)
     verdicts = {n: e["verdict"] for n, e in out["rho"].items()}
     assert verdicts == {"entropy": "reproduced", "kappa_attn": "not reproduced",
                         "kl_q_p": "not reproduced", "kl_q_p_model": "description (model units)"}

@@ -542,7 +542,7 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
         entry: dict[str, Any] = {"sign": sign, "tested": name in tested,
                                  "clean_value": v0["clean"][0].tolist(),
                                  "level_value": v0["level"][0].tolist(),
-                                 "change": v0["change"][0].tolist()}
+                                 "change_value": v0["change"][0].tolist()}
         for what in ("level", "clean", "change"):
             rho, p = stats.spearman_permutation_p(v0[what][0], lp0[what][0], sign,
                                                   config.permutation_tests, config.seed)
