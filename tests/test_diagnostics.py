@@ -462,28 +462,107 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert "site-packages" not in report and str(tmp_path) not in report
 
 
-def test_across_models_ranks_models_by_quality_and_sensitivity():
-    from svflow_jax.diagnose.study import ShuffleData, across_models
+def _population(values_of, M=8, D=6, per=2, seed=0):
+    """``M`` models measured on ``D`` documents of ``per`` windows at levels (0, 1): model
+    ``i``'s per-window NLL is ``1.5 + 0.2 i`` (clean), plus 0.5 at level 1, plus window noise;
+    ``values_of[name](nll, i, rng)`` gives each metric's ``(W, K)`` values (3 layers)."""
+    from svflow_jax.diagnose.study import ShuffleData
 
-    rng = np.random.default_rng(5)
-    W, K, L, M = 6, 3, 2, 4
-    cfg = StudyConfig(windows=W, levels=(0.0, 0.5, 1.0), bootstrap=50, ece_bins=2)
+    rng = np.random.default_rng(seed)
+    W, K = D * per, 2
+    cfg = StudyConfig(windows=W, levels=(0.0, 1.0), bootstrap=200, ece_bins=2,
+                      permutation_tests=2000)
+    groups = np.repeat(np.arange(D), per)
     datas = []
-    for k in range(M):
-        noise = 0.01 * rng.normal(size=(W, K))
-        nll = 2.0 + 0.5 * k + np.linspace(0, 0.1 * (M - k), K)[None] + noise
-        metric = -nll[..., None] + np.zeros((W, K, L))  # decreasing in the model's NLL
-        datas.append(ShuffleData(levels=cfg.levels, metrics={"m": metric}, per_head={},
-                                 nll=nll, confidence=None, correct=None, seconds=0.0))
+    for i in rng.permutation(M):  # the models in no particular order
+        nll = 1.5 + 0.2 * i + 0.5 * np.arange(K)[None] + 0.05 * rng.normal(size=(W, K))
+        metrics = {n: f(nll, i, rng)[..., None] + np.zeros((W, K, 3))
+                   for n, f in values_of.items()}
+        datas.append(ShuffleData(levels=cfg.levels, metrics=metrics, per_head={}, nll=nll,
+                                 confidence=None, correct=None, seconds=0.0, groups=groups))
+    return datas, cfg
+
+
+def test_across_models_verdicts_null_monotone_and_wrong_sign():
+    """At the fixed level: a metric independent of the models' perplexity (random per model) is
+    "not reproduced"; one rising with perplexity as expected (entropy, sign +) is
+    "reproduced"; one rising with perplexity against its expected sign (kappa_attn, sign -) is
+    not. rho is SciPy's Spearman of the per-model means; the interval is the percentile interval
+    of SciPy's rho over the document resamples; m = 3 (the model-unit twin is not counted)."""
+    from svflow_jax.diagnose.study import across_models
+
+    def noise(nll, i, rng):
+        return 0.1 * rng.normal(size=nll.shape)
+
+    datas, cfg = _population({
+        "entropy": lambda nll, i, rng: 2.0 * nll + noise(nll, i, rng),
+        "kappa_attn": lambda nll, i, rng: 3.0 + nll + noise(nll, i, rng),
+        "kl_q_p": lambda nll, i, rng: rng.normal() + noise(nll, i, rng),  # one draw per model
+        "kl_q_p_model": lambda nll, i, rng: nll,
+    })
     out = across_models(datas, cfg)
-    clean_ppl = [np.exp(d.nll[:, 0].mean()) for d in datas]
-    clean_m = [d.metrics["m"][:, 0].mean() for d in datas]
-    expected = scipy.stats.spearmanr(clean_m, clean_ppl).statistic
-    assert out["rho"]["m"]["quality"]["rho"] == pytest.approx(expected) == pytest.approx(-1.0)
-    np.testing.assert_allclose(out["perplexity_clean"], clean_ppl)
-    assert out["rho"]["m"]["sensitivity"]["rho"] == pytest.approx(-1.0)
+    assert out["tested"] == 3 and out["level"] == 1.0 and out["bootstrap_unit"] == "documents"
+    ppl = [np.exp(d.nll[:, 1].mean()) for d in datas]
+    np.testing.assert_allclose(out["perplexity_level"], ppl)
+    for name in ("entropy", "kappa_attn", "kl_q_p"):
+        v = [d.metrics[name][:, 1].mean() for d in datas]
+        assert out["rho"][name]["level"]["rho"] == pytest.approx(
+            scipy.stats.spearmanr(v, ppl).statistic, abs=1e-12)
+        dv = [d.metrics[name][:, 1].mean() - d.metrics[name][:, 0].mean() for d in datas]
+        dp = [d.nll[:, 1].mean() - d.nll[:, 0].mean() for d in datas]
+        assert out["rho"][name]["change"]["rho"] == pytest.approx(
+            scipy.stats.spearmanr(dv, dp).statistic, abs=1e-12)
+        np.testing.assert_allclose(out["rho"][name]["change_value"], dv)
+        np.testing.assert_allclose(out["rho"][name]["level_value"], v)
+    verdicts = {n: e["verdict"] for n, e in out["rho"].items()}
+    assert verdicts == {"entropy": "reproduced", "kappa_attn": "not reproduced",
+                        "kl_q_p": "not reproduced", "kl_q_p_model": "description (model units)"}
+    assert out["rho"]["kappa_attn"]["level"]["rho"] > 0.9  # monotone, but the wrong way
+    # the interval: SciPy's rho on each resample of the documents
+    idx = stats.cluster_bootstrap_indices(datas[0].groups, cfg.bootstrap, cfg.seed)
+    boot = [scipy.stats.spearmanr([d.metrics["kl_q_p"][ix, 1].mean() for d in datas],
+                                  [d.nll[ix, 1].mean() for d in datas]).statistic
+            for ix in idx]
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    assert out["rho"]["kl_q_p"]["level"]["ci"] == pytest.approx((lo, hi), abs=1e-12)
     with pytest.raises(ValueError, match="at least 3"):
         across_models(datas[:2], cfg)
+    with pytest.raises(ValueError, match="non-zero levels"):
+        across_models(datas, cfg, level=0.0)
+
+
+def test_across_models_null_is_rarely_reproduced():
+    """Over 40 populations whose metric is drawn independently of perplexity, at most a few
+    come out "reproduced" (each has chance below 0.05; binomial 99.9% bound for 40 draws at
+    0.05: 7)."""
+    from svflow_jax.diagnose.study import across_models
+
+    hits = 0
+    for seed in range(40):
+        datas, cfg = _population({"entropy": lambda nll, i, rng: rng.normal() + 0.1 * rng.normal(
+            size=nll.shape)}, M=6, seed=seed)
+        cfg = StudyConfig(windows=cfg.windows, levels=cfg.levels, bootstrap=50, ece_bins=2,
+                          permutation_tests=200, seed=seed)
+        hits += across_models(datas, cfg)["rho"]["entropy"]["verdict"] == "reproduced"
+    assert hits <= 7
+
+
+def test_permutation_p_of_spearman_matches_scipy_exact_test():
+    """The one-sided permutation p-value of rho across 6 units against SciPy's exact
+    permutation test (all 720 pairings), within 4 binomial standard errors of 20,000 draws."""
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=6), rng.normal(size=6)
+    a = a + b  # some association
+    for sign, alternative in ((1, "greater"), (-1, "less")):
+        rho, p = stats.spearman_permutation_p(a, b, sign, permutations=20000, seed=1)
+        exact = scipy.stats.permutation_test(
+            (a,), lambda x: scipy.stats.spearmanr(x, b).statistic, permutation_type="pairings",
+            alternative=alternative, n_resamples=np.inf)
+        assert rho == pytest.approx(scipy.stats.spearmanr(a, b).statistic, abs=1e-12)
+        tol = 4 * math.sqrt(exact.pvalue * (1 - exact.pvalue) / 20000) + 1e-4
+        assert p == pytest.approx(exact.pvalue, abs=tol)
+    with pytest.raises(ValueError, match="sign must be"):
+        stats.spearman_permutation_p(a, b, 0)
 
 
 def test_level_controlled_statistics_match_scipy():

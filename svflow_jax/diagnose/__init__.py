@@ -4,7 +4,8 @@
 * :mod:`.extract`  the bridge: per-layer SVFlow metrics read off a ``TransformerLM``
                    (hidden states, attention, the layers' parameters), via the pure functions
                    of :mod:`svflow_jax.flow.diagnostics`.
-* :mod:`.stats`    ranks, Spearman's rho, equal-mass ECE, bootstrap over windows.
+* :mod:`.stats`    ranks, Spearman's rho, equal-mass ECE, bootstrap over windows and
+                   documents, permutation tests.
 * :mod:`.study`    the prefix-shuffling study, its analysis, the attention-scaling experiment,
                    :func:`diagnose`.
 * :mod:`.output`   ``summary.json``, CSV tables, figures and ``report.md`` from a summary.

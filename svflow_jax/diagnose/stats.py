@@ -1,6 +1,7 @@
 """Statistics of the diagnostics study, in NumPy: ranks, Spearman's rho, equal-mass ECE,
 bootstrap resampling of windows, and rank association controlled for the shuffle level
-(within-level and partial Spearman with permutation p-values). Every function is vectorised
+(within-level and partial Spearman with permutation p-values), and Spearman's rho across a few
+units (models) with a permutation p-value. Every function is vectorised
 over leading axes (one row per bootstrap resample) and deterministic (the resamples come from a
 seeded ``default_rng``)."""
 
@@ -11,8 +12,8 @@ import dataclasses
 import numpy as np
 
 __all__ = ["rankdata", "spearman", "expected_calibration_error", "bootstrap_indices",
-           "cluster_bootstrap_indices", "percentile_interval", "LevelControlled",
-           "level_controlled_spearman"]
+           "cluster_bootstrap_indices", "percentile_interval", "spearman_permutation_p",
+           "LevelControlled", "level_controlled_spearman"]
 
 
 def rankdata(a: np.ndarray) -> np.ndarray:
@@ -105,6 +106,46 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float
     return (float(lo), float(hi))
 
 
+def _check_test(sign: int, permutations: int) -> None:
+    """The direction (+1 or -1) and the number of draws of a permutation test."""
+    if sign not in (-1, 1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if isinstance(permutations, bool) or not isinstance(permutations, int) or permutations < 1:
+        raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
+
+
+def _one_sided_p(observed: float, null: np.ndarray, sign: int) -> float:
+    """``(1 + #{sign * null >= sign * observed}) / (1 + draws)`` (NaN for a NaN statistic)."""
+    if not np.isfinite(observed):
+        return float("nan")
+    return float((1 + np.sum(sign * null >= sign * observed - 1e-12)) / (1 + null.size))
+
+
+def spearman_permutation_p(a: np.ndarray, b: np.ndarray, sign: int, permutations: int = 2000,
+                           seed: int = 0) -> tuple[float, float]:
+    """``(rho, p)``: Spearman's rho of the vectors ``a`` and ``b`` (one value per unit, e.g. per
+    model) and its one-sided permutation p-value in the direction ``sign`` (``+1``: ``a`` rises
+    with ``b``). The null permutes ``a`` among the units (``permutations`` uniform draws,
+    ``default_rng(seed)``); since rho depends on the ranks only, the ranks are permuted once,
+    ``p = (1 + #{sign * null >= sign * rho}) / (1 + permutations)`` (at least ``1 / (1 +
+    permutations)``; with ``n`` units no test can go below about ``1 / n!``). NaN when either
+    side is constant."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.ndim != 1 or a.shape != b.shape or len(a) < 3:
+        raise ValueError(f"a and b must be vectors of the same length >= 3, got {a.shape} and "
+                         f"{b.shape}")
+    _check_test(sign, permutations)
+    rho = float(spearman(a, b))
+    if not np.isfinite(rho):
+        return rho, float("nan")
+    ra, rb = rankdata(a), rankdata(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    perm = np.argsort(np.random.default_rng(seed).random((permutations, len(a))), axis=-1)
+    null = (ra[perm] * rb).sum(-1) / np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return rho, _one_sided_p(rho, null, sign)
+
+
 @dataclasses.dataclass(frozen=True)
 class LevelControlled:
     """Rank association of a metric with a target that the shuffle level cannot explain.
@@ -177,10 +218,7 @@ def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
     if metric.ndim != 2 or metric.shape != target.shape:
         raise ValueError(f"metric and target must both be (windows, levels), got "
                          f"{metric.shape} and {target.shape}")
-    if sign not in (-1, 1):
-        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
-    if isinstance(permutations, bool) or not isinstance(permutations, int) or permutations < 1:
-        raise ValueError(f"permutations must be a positive integer, got {permutations!r}")
+    _check_test(sign, permutations)
     W, K = metric.shape
     rm, rt = _within_level_ranks(metric), _within_level_ranks(target)
     em, et = _level_residual_ranks(metric), _level_residual_ranks(target)
@@ -190,11 +228,6 @@ def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
     null_s = _stratified(np.take_along_axis(rm[None], perm, -1), rt)
     null_p = _partial(np.take_along_axis(em[None], perm, -1), et)
 
-    def p_value(obs: float, null: np.ndarray) -> float:
-        if not np.isfinite(obs):
-            return float("nan")
-        return float((1 + np.sum(sign * null >= sign * obs - 1e-12)) / (1 + permutations))
-
-    return LevelControlled(stratified=strat, stratified_p=p_value(strat, null_s),
-                           partial=part, partial_p=p_value(part, null_p), sign=sign,
+    return LevelControlled(stratified=strat, stratified_p=_one_sided_p(strat, null_s, sign),
+                           partial=part, partial_p=_one_sided_p(part, null_p, sign), sign=sign,
                            permutations=permutations)

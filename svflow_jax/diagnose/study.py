@@ -471,45 +471,93 @@ def _depth(metrics: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, Any]:
     return depth
 
 
-def across_models(datas: list[ShuffleData], config: StudyConfig) -> dict[str, Any]:
-    """Spearman's rho ACROSS MODELS (the population reading), with bootstrap intervals over
-    windows (the same window resample for every model; the models must share the windows).
+def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | None = None,
+                  alpha: float = 0.05) -> dict[str, Any]:
+    """The population reading: does a metric rank MODELS by perplexity? (JSON-ready.)
 
-    Per model: the clean perplexity and the change of log-perplexity from clean to the last
-    level; per metric, the clean layer-mean value and its change. rho(clean metric, clean
-    perplexity) asks whether the metric ranks models by quality; rho(metric change,
-    log-perplexity change) whether it ranks them by sensitivity to shuffling."""
+    The models must have been measured on the same windows and levels. ``level``: the one
+    shuffle level compared (default: the last of the data's levels); ``ell`` its index. Per
+    model ``i``: the log-perplexity ``lp_i(k) = mean_w nll_i[w, k]`` at the clean level and at
+    ``ell``, and per metric the window- and layer-mean value ``v_i(k)`` at both, with the change
+    ``v_i(ell) - v_i(0)``. Three Spearman rhos across the ``M`` models per metric:
+
+    * ``level``: ``rho(v(ell), lp(ell))``, the metric at the fixed level against perplexity
+      there: the tested claim "the metric tracks perplexity across models";
+    * ``clean``: ``rho(v(0), lp(0))`` (NaN for ``kl_clean``, 0 at the clean level);
+    * ``change``: ``rho(v(ell) - v(0), lp(ell) - lp(0))``, sensitivity to the shuffle.
+
+    Each has a percentile interval from a bootstrap over documents
+    (:func:`stats.cluster_bootstrap_indices` on the data's ``groups``; over windows when there
+    are none), the same resample for every model in each draw, and a one-sided permutation
+    p-value over the models in the direction :data:`EXPECTED_SIGN`
+    (:func:`stats.spearman_permutation_p`, ``config.permutation_tests`` draws). The metrics
+    tested are those with an expected sign, less the model-unit twins (:data:`MODEL_UNITS`);
+    ``m`` is their number. Verdict of a tested metric on ``level``: "reproduced" when its
+    p-value is below ``alpha / m`` AND the ``1 - alpha / m`` percentile interval lies on the
+    expected side of 0 (Bonferroni over the ``m`` metrics); otherwise "not reproduced". The
+    ``clean`` and ``change`` rhos are descriptions (no verdict)."""
     if len(datas) < 3 or any(d.nll is None for d in datas):
         raise ValueError("across_models needs at least 3 language models")
-    W = datas[0].nll.shape[0]
-    if any(d.nll.shape != datas[0].nll.shape for d in datas):
+    first = datas[0]
+    if any(d.nll.shape != first.nll.shape or tuple(d.levels) != tuple(first.levels)
+           for d in datas):
         raise ValueError("every model must be measured on the same windows and levels")
-    idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    if any((d.groups is None) != (first.groups is None) or (
+            d.groups is not None and not np.array_equal(d.groups, first.groups)) for d in datas):
+        raise ValueError("every model must be measured on the same documents")
+    levels = list(first.levels)
+    level = levels[-1] if level is None else float(level)
+    if level not in levels or level == 0.0:
+        raise ValueError(f"level must be one of the non-zero levels {levels[1:]}, got {level}")
+    ell = levels.index(level)
+    W = first.nll.shape[0]
+    if first.groups is None:
+        idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
+    else:
+        idx = stats.cluster_bootstrap_indices(first.groups, config.bootstrap, config.seed)
     every = np.arange(W)[None]
+    tested = [n for n in first.metrics if n in EXPECTED_SIGN and n not in MODEL_UNITS]
+    m = len(tested)
+    bound = alpha / max(m, 1)
 
-    def model_curves(ix):
-        lnppl = np.stack([d.nll[ix].mean(1) for d in datas], -1)  # (B, K, M)
-        return lnppl[:, 0], lnppl[:, -1] - lnppl[:, 0]
+    def per_model(arrays: list[np.ndarray], ix: np.ndarray) -> dict[str, np.ndarray]:
+        """``arrays``: per model ``(W, K)``; the window means over ``ix`` (B, W): (B, M)."""
+        v = np.stack([a[ix].mean(1) for a in arrays], -1)  # (B, K, M)
+        return {"clean": v[:, 0], "level": v[:, ell], "change": v[:, ell] - v[:, 0]}
 
-    ppl0, dppl0 = model_curves(every)
-    pplb, dpplb = model_curves(idx)
-    out: dict[str, Any] = {"models": len(datas), "windows": W,
-                           "perplexity_clean": np.exp(ppl0[0]).tolist(),
-                           "log_perplexity_change": dppl0[0].tolist(), "rho": {}}
-    for name in datas[0].metrics:
-        def metric_curves(ix, name=name):
-            m = np.stack([d.metrics[name].mean(-1)[ix].mean(1) for d in datas], -1)  # (B,K,M)
-            return m[:, 0], m[:, -1] - m[:, 0]
-
-        m0, dm0 = metric_curves(every)
-        mb, dmb = metric_curves(idx)
-        out["rho"][name] = {
-            "clean_value": m0[0].tolist(), "change": dm0[0].tolist(),
-            "quality": {"rho": float(stats.spearman(m0[0], ppl0[0])),
-                        "ci": stats.percentile_interval(stats.spearman(mb, pplb))},
-            "sensitivity": {"rho": float(stats.spearman(dm0[0], dppl0[0])),
-                            "ci": stats.percentile_interval(stats.spearman(dmb, dpplb))},
-        }
+    nlls = [d.nll for d in datas]
+    lp0, lpb = per_model(nlls, every), per_model(nlls, idx)
+    out: dict[str, Any] = {
+        "models": len(datas), "windows": W, "level": level, "alpha": alpha, "tested": m,
+        "bootstrap": config.bootstrap,
+        "bootstrap_unit": "windows" if first.groups is None else "documents",
+        "permutations": config.permutation_tests,
+        "perplexity_clean": np.exp(lp0["clean"][0]).tolist(),
+        "perplexity_level": np.exp(lp0["level"][0]).tolist(),
+        "log_perplexity_change": lp0["change"][0].tolist(), "rho": {}}
+    for name in first.metrics:
+        sign = EXPECTED_SIGN.get(name, +1)
+        values = [d.metrics[name].mean(-1) for d in datas]  # (W, K) each
+        v0, vb = per_model(values, every), per_model(values, idx)
+        entry: dict[str, Any] = {"sign": sign, "tested": name in tested,
+                                 "clean_value": v0["clean"][0].tolist(),
+                                 "level_value": v0["level"][0].tolist(),
+                                 "change_value": v0["change"][0].tolist()}
+        for what in ("level", "clean", "change"):
+            rho, p = stats.spearman_permutation_p(v0[what][0], lp0[what][0], sign,
+                                                  config.permutation_tests, config.seed)
+            boot = stats.spearman(vb[what], lpb[what])
+            entry[what] = {"rho": rho, "p": p, "ci": stats.percentile_interval(boot),
+                           "ci_bonferroni": stats.percentile_interval(boot, 1 - bound)}
+        if name in tested:
+            e = entry["level"]
+            lo, hi = e["ci_bonferroni"]
+            side = lo > 0 if sign > 0 else hi < 0
+            entry["verdict"] = ("reproduced" if np.isfinite(e["p"]) and e["p"] < bound
+                                and sign * e["rho"] > 0 and side else "not reproduced")
+        else:
+            entry["verdict"] = "description (model units)" if name in MODEL_UNITS else None
+        out["rho"][name] = entry
     return out
 
 
