@@ -575,6 +575,11 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     from svflow_jax.environment import environment
     from svflow_jax.tables import write_csv
 
+    methods = ("none", "switch", "popkl", "jvar")
+    runs = sorted(runs, key=lambda r: (r["config"]["ffn"] != "moe", r["config"].get("top_k") or 0,
+                                       bool(r["config"].get("qk_stop_gradient")),
+                                       methods.index(r["config"]["method"]),
+                                       r["config"]["coef"], r["config"]["seed"]))  # arm order
     table = aggregate(runs)
     v = verdicts(runs, s["top_ks"], s.get("gate", "renormalised"))
     write_csvs(out, runs)
