@@ -48,11 +48,11 @@ an interrupted experiment resumes from it), ``curves.csv`` (one row per run, ste
 ``final.csv`` (one row per run), ``table.csv`` and ``summary.json`` (per arm, with intervals
 and verdicts), ``report.md`` and PNG figures.
 
-Sizes: 3 seeds of 120 steps (30 runs) took 19.7 minutes on 2 CPU cores shared with four other
-jobs (load average 6-9); the default is now 5 seeds (50 runs, about 33 minutes by that
-measurement, not yet run). ``--quick`` (CI) trains top-1 only, 1 seed, 12 steps, d = 32, 16
-validation sequences (72 s at load average 6, all six runs; the smoke test runs two of them
-for 2 steps).
+Sizes: the default with ``--gate switch`` (5 seeds of 120 steps, 19 arms, 95 runs) took 26.5
+minutes of wall time on 2 CPU cores shared with other jobs (load average 2-6); with
+``--sweep-top-ks 1`` (75 runs) 21.2 minutes of it. ``--quick`` (CI) trains top-1 only, 1
+seed, 12 steps, the coefficient 0.01, d = 32, 16 validation sequences (seven runs; the smoke
+test runs two of them for 2 steps, about 15 s on an idle machine).
 """
 
 from __future__ import annotations
