@@ -3,22 +3,31 @@ the population KL and J_var prevent collapse as well as the Switch loss?
 
 Run::
 
-    python experiments/objective_moe.py [--out results/objective_moe] [--quick] [--seeds 3]
+    python experiments/objective_moe.py [--out results/objective_moe] [--quick] [--seeds 5]
+        [--gate switch] [--coefs 0.01 0.1 1.0] [--sweep-top-ks 1]
 
 Byte-level causal pre-norm language models on Jane Austen (train: *Pride and Prejudice*;
 validation: *Persuasion*), ``d = 64``, 2 layers, 4 heads, GELU experts of width 64, context 64,
 batch 16, AdamW with warm-up and cosine decay (:mod:`svflow_jax.objective.train`):
 
 * MoE, 8 experts, top-1 and top-2 routing, each trained with (a) no balancing ``none``,
-  (b) the Switch auxiliary loss ``switch``, (c) the population KL ``popkl``, (d) ``jvar``,
-  every regulariser with the coefficient 0.01;
+  (b) the Switch auxiliary loss ``switch`` (coefficient ``--coef``, 0.01), (c) the population
+  KL ``popkl`` and (d) ``jvar``, each at every coefficient of ``--coefs`` (0.01, 0.1, 1; with
+  ``--sweep-top-ks`` only those top-k run them all, the others the first);
 * the plain Transformer (dense GELU FFN of width 128: attention is the only posterior), with
-  no regulariser (``none``, the "attention-only" control) and with ``jvar`` (part 4).
+  no regulariser (``none``, the "attention-only" control) and with ``jvar`` (part 4);
+* the attention control ``dense qk-sg``: the plain Transformer whose queries and keys read the
+  token states through a stop-gradient (``TransformerConfig.qk_stop_gradient``: the same
+  function, ``W_Q``/``W_K`` still trained, but the posterior sends the tokens no gradient), with
+  no regulariser.
 
 Every run is evaluated at step 0, every ``eval_every`` steps and at the end on the validation
 text: loss, ECE, expert usage entropy / maximum load / dead experts per layer, router and
-attention entropies, J_var per branch and the gradient coupling of posterior and scores
-(``docs/theory.md``, section 20). Table intervals: 95% Student t over seeds.
+attention entropies, J_var per branch and the gradient coupling of posterior and scores by
+three proxies (global cosine, per-token cosine, the posterior path's share of the gradient;
+``docs/theory.md``, section 20). Table intervals: 95% Student t over seeds. The report also
+gives, per arm, the first evaluated step at which the attention entropy is measurably below
+step 0's (one-sided 95% t upper bound of ``H_t - H_0`` below 0; descriptive).
 
 Verdicts (:func:`verdicts`): every statement is decided by one-sided Student-t bounds over
 seeds (paired by seed where two arms are compared) at level ``1 - ALPHA / m``, Bonferroni over
@@ -28,18 +37,22 @@ trained and tabled but not counted: their routing weight is exactly 1, so no tas
 reaches the router and they cannot test the mechanism. ``--gate switch`` scales each selected
 expert by its softmax probability (the Switch Transformer's gate), so a top-1 router is trained
 by the task and its arms are counted. "Attention trains stably" needs attention to have left its
-initialisation (its entropy fell from step 0) as well as not collapsed.
+initialisation (its entropy fell from step 0) as well as not collapsed. "As good as Switch" is
+decided at every coefficient (each counted in ``m``) and reproduced if some coefficient passes
+all its decisions. The coupling is decided by the global and by the per-token cosine. "Stable
+because of the coupling" is decided by the control: its attention entropy minus the plain
+Transformer's, paired by seed, must have an upper bound below 0.
 
 Outputs in ``--out``: ``config.json``, ``runs.jsonl`` (every run's history and environment;
 an interrupted experiment resumes from it), ``curves.csv`` (one row per run, step and layer),
 ``final.csv`` (one row per run), ``table.csv`` and ``summary.json`` (per arm, with intervals
 and verdicts), ``report.md`` and PNG figures.
 
-Sizes: 3 seeds of 120 steps (30 runs) took 19.7 minutes on 2 CPU cores shared with four other
-jobs (load average 6-9); the default is now 5 seeds (50 runs, about 33 minutes by that
-measurement, not yet run). ``--quick`` (CI) trains top-1 only, 1 seed, 12 steps, d = 32, 16
-validation sequences (72 s at load average 6, all six runs; the smoke test runs two of them
-for 2 steps).
+Sizes: the default with ``--gate switch`` (5 seeds of 120 steps, 19 arms, 95 runs) took 26.5
+minutes of wall time on 2 CPU cores shared with other jobs (load average 2-6); with
+``--sweep-top-ks 1`` (75 runs) 21.2 minutes of it. ``--quick`` (CI) trains top-1 only, 1
+seed, 12 steps, the coefficient 0.01, d = 32, 16 validation sequences (seven runs; the smoke
+test runs two of them for 2 steps, about 15 s on an idle machine).
 """
 
 from __future__ import annotations
@@ -59,12 +72,16 @@ from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
 
+SWEPT = ("popkl", "jvar")  # the MoE regularisers run at every coefficient of --coefs
+
 DEFAULT = dict(seeds=5, steps=120, top_ks=[1, 2], gate="renormalised",
                methods=["none", "switch", "popkl", "jvar"], dense_methods=["none", "jvar"],
-               eval_every=50, eval_sequences=64, coef=0.01,
+               control_methods=["none"], eval_every=50, eval_sequences=64, coef=0.01,
+               coefs=[0.01, 0.1, 1.0], sweep_top_ks=None,
                d_model=64, n_layers=2, n_heads=4, d_ff=64, dense_d_ff=128, context=64,
                batch_size=16, lr=3e-3, warmup=30)
-QUICK = dict(DEFAULT, seeds=1, steps=12, top_ks=[1], eval_every=6, eval_sequences=16,
+QUICK = dict(DEFAULT, seeds=1, steps=12, top_ks=[1], coefs=[0.01], eval_every=6,
+             eval_sequences=16,
              d_model=32, d_ff=32, dense_d_ff=64, context=32, batch_size=8, warmup=2)
 
 # The paper's statements (our reading), each decided by a criterion on the final numbers.
@@ -77,6 +94,10 @@ STATEMENTS = {
     "jvar_as_switch": "J_var prevents collapse as well as the Switch auxiliary loss.",
     "coupling": "Attention's posterior and score gradients are strongly coupled through the "
                 "shared tokens; a MoE router's and its experts' are not.",
+    "coupling_causal": "Attention trains stably because of that coupling: cut the posterior's "
+                       "gradient to the tokens (queries and keys read them through a "
+                       "stop-gradient) and attention collapses (its entropy falls below the "
+                       "coupled model's).",
 }
 
 
@@ -97,7 +118,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", help="MoE methods (default none switch popkl jvar)")
     p.add_argument("--dense-methods", nargs="*", help="plain Transformer methods (default "
                    "none jvar; give none to skip the dense runs: --dense-methods)")
-    p.add_argument("--coef", type=float, help="regulariser coefficient (default 0.01)")
+    p.add_argument("--control-methods", nargs="*", help="methods of the attention control, the "
+                   "plain Transformer with queries and keys through a stop-gradient (default "
+                   "none; give none to skip it: --control-methods)")
+    p.add_argument("--coef", type=float, help="coefficient of the Switch loss and of the plain "
+                   "Transformer's J_var (default 0.01)")
+    p.add_argument("--coefs", type=float, nargs="+", help="coefficients at which the MoE "
+                   "population KL and J_var each run (default 0.01 0.1 1.0; quick 0.01)")
+    p.add_argument("--sweep-top-ks", type=positive_int, nargs="+", help="the top-k values "
+                   "that run every coefficient of --coefs; the others run only the first "
+                   "(default: every top-k)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--report-only", action="store_true",
                    help="rewrite the report from runs.jsonl without training")
@@ -106,19 +136,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--top-ks: each must be at most the {N_EXPERTS} experts, got {args.top_ks}")
     if args.coef is not None and not (math.isfinite(args.coef) and args.coef >= 0):
         p.error("--coef must be a finite number >= 0")
+    if args.coefs is not None and not all(math.isfinite(c) and c >= 0 for c in args.coefs):
+        p.error("--coefs must be finite numbers >= 0")
     return args
 
 
 def settings(args) -> dict:
     s = dict(QUICK if args.quick else DEFAULT)
-    for name in ("seeds", "steps", "top_ks", "gate", "methods", "dense_methods", "coef"):
+    for name in ("seeds", "steps", "top_ks", "gate", "methods", "dense_methods",
+                 "control_methods", "coef", "coefs", "sweep_top_ks"):
         v = getattr(args, name)
         if v is not None:
             s[name] = v
-    bad = [m for m in s["methods"] + s["dense_methods"]
-           if m not in ("none", "switch", "popkl", "jvar")]
-    if bad or any(m in ("switch", "popkl") for m in s["dense_methods"]):
-        print(f"error: unknown or unsupported methods {bad or s['dense_methods']}", file=sys.stderr)
+    dense = s["dense_methods"] + s["control_methods"]
+    bad = [m for m in s["methods"] + dense if m not in ("none", "switch", "popkl", "jvar")]
+    if bad or any(m in ("switch", "popkl") for m in dense):
+        print(f"error: unknown or unsupported methods {bad or dense}", file=sys.stderr)
         raise SystemExit(2)
     s["eval_every"] = min(s["eval_every"], s["steps"])
     return s
@@ -129,15 +162,21 @@ def run_configs(s: dict):
     common = dict(d_model=s["d_model"], n_layers=s["n_layers"], n_heads=s["n_heads"],
                   context=s["context"], batch_size=s["batch_size"], steps=s["steps"],
                   lr=s["lr"], warmup=s["warmup"], eval_every=s["eval_every"],
-                  eval_sequences=s["eval_sequences"], coef=s["coef"])
+                  eval_sequences=s["eval_sequences"])
+    sweep = s["top_ks"] if s.get("sweep_top_ks") is None else s["sweep_top_ks"]
     out = []
     for seed in range(s["seeds"]):  # seed-major: a partial run has every arm at seed 0
         for k in s["top_ks"]:
             for m in s["methods"]:
-                out.append(RunConfig(ffn="moe", n_experts=N_EXPERTS, top_k=k, method=m, seed=seed,
-                                     gate=s["gate"], d_ff=s["d_ff"], **common))
-        for m in s["dense_methods"]:
-            out.append(RunConfig(ffn="gelu", method=m, seed=seed, d_ff=s["dense_d_ff"], **common))
+                coefs = ([s["coef"]] if m not in SWEPT
+                         else s["coefs"] if k in sweep else s["coefs"][:1])
+                out += [RunConfig(ffn="moe", n_experts=N_EXPERTS, top_k=k, method=m, seed=seed,
+                                  gate=s["gate"], d_ff=s["d_ff"], coef=c, **common)
+                        for c in coefs]
+        for control, methods in ((False, s["dense_methods"]), (True, s["control_methods"])):
+            out += [RunConfig(ffn="gelu", method=m, seed=seed, d_ff=s["dense_d_ff"],
+                              coef=s["coef"], qk_stop_gradient=control, **common)
+                    for m in methods]
     return out
 
 
@@ -145,8 +184,26 @@ def run_configs(s: dict):
 # Aggregation
 # ---------------------------------------------------------------------------------------------
 
+CONTROL = "dense qk-sg"  # the plain Transformer, queries and keys through a stop-gradient
+
+
 def arm(cfg: dict) -> str:
-    return (f"moe top-{cfg['top_k']}" if cfg["ffn"] == "moe" else "dense") + f" / {cfg['method']}"
+    """The arm's name: ``moe top-k / method`` (``popkl``/``jvar`` with their coefficient),
+    ``dense / method`` or, for the stop-gradient control, ``dense qk-sg / method``."""
+    if cfg["ffn"] == "moe":
+        coef = f" {cfg['coef']:g}" if cfg["method"] in SWEPT else ""
+        return f"moe top-{cfg['top_k']} / {cfg['method']}{coef}"
+    return (CONTROL if cfg.get("qk_stop_gradient") else "dense") + f" / {cfg['method']}"
+
+
+def _nanmean(values) -> float:
+    """Mean of the finite entries (NaN if none, without a warning)."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+COUPLING = ("cos", "token_cos", "post_share")  # the proxies of svflow_jax.objective.mechanism
 
 
 def scalars(row: dict, cfg: dict) -> dict:
@@ -156,7 +213,9 @@ def scalars(row: dict, cfg: dict) -> dict:
     out["attn_entropy"] = float(np.mean(row["attn_entropy"]))
     out["attn_entropy_norm"] = out["attn_entropy"] / n_ctx_h
     out["attn_j_var"] = float(np.mean(row["attn_j_var"]))
-    out["coupling_attn_cos"] = float(np.nanmean(row["coupling_attn_cos"]))
+    for p in COUPLING:
+        if f"coupling_attn_{p}" in row:
+            out[f"coupling_attn_{p}"] = _nanmean(row[f"coupling_attn_{p}"])
     if cfg["ffn"] == "moe":
         E = cfg["n_experts"]
         out["usage_entropy_norm"] = float(np.mean(row["usage_entropy"])) / math.log(E)
@@ -164,14 +223,16 @@ def scalars(row: dict, cfg: dict) -> dict:
         out["dead"] = float(np.mean(row["dead"]))
         out["router_entropy_norm"] = float(np.mean(row["router_entropy"])) / math.log(E)
         out["moe_j_var"] = float(np.mean(row["moe_j_var"]))
-        c = np.asarray(row["coupling_ffn_cos"], float)
-        out["coupling_ffn_cos"] = float(np.nanmean(c)) if np.isfinite(c).any() else float("nan")
-        out["coupling_ffn_ratio"] = float(np.nanmean(row["coupling_ffn_norm_ratio"]))
+        for p in COUPLING:
+            if f"coupling_ffn_{p}" in row:
+                out[f"coupling_ffn_{p}"] = _nanmean(row[f"coupling_ffn_{p}"])
+        out["coupling_ffn_ratio"] = _nanmean(row["coupling_ffn_norm_ratio"])
     return out
 
 
 MEASURES = ["usage_entropy_norm", "max_load", "dead", "router_entropy_norm", "attn_entropy_norm",
-            "val_bpc", "ece", "attn_j_var", "moe_j_var", "coupling_attn_cos", "coupling_ffn_cos"]
+            "val_bpc", "ece", "attn_j_var", "moe_j_var",
+            *[f"coupling_{b}_{p}" for b in ("attn", "ffn") for p in COUPLING]]
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -246,12 +307,25 @@ def _verdict(decisions: list[dict]) -> bool | None:
     return all(passed)
 
 
+def _coefs(runs: list[dict], k: int, method: str) -> list[float]:
+    """The coefficients at which ``moe top-k / method`` ran."""
+    return sorted({r["config"]["coef"] for r in runs if r["config"]["ffn"] == "moe"
+                   and r["config"]["top_k"] == k and r["config"]["method"] == method})
+
+
 def verdicts(runs: list[dict], top_ks: list[int], gate: str = "renormalised") -> dict:
     """Each statement's criterion, its decisions (per-seed values, one-sided bound at the
     Bonferroni-adjusted level, threshold) and ``reproduced`` (True/False/None), every threshold
     and expected direction fixed here, before any run. With the renormalised gate, top-1 arms
     cannot test the routing mechanism (the renormalised top-1 weight is 1: no task gradient
-    reaches the router) and are left out of the MoE decisions; with the Switch gate they count."""
+    reaches the router) and are left out of the MoE decisions; with the Switch gate they count.
+
+    "As good as Switch" is decided at every coefficient the population KL / J_var ran at (each
+    coefficient's decisions count in ``m``); it is reproduced if every decision of some
+    coefficient passes (``passing_coefs``), not reproduced if every coefficient is decided and
+    none passes. The coupling is decided by two proxies (the global and the per-token cosine of
+    :mod:`svflow_jax.objective.mechanism`), each with the same thresholds; the attention
+    control (``dense qk-sg``) is left out of it (its posterior path carries no gradient)."""
     final, first = per_seed(runs), per_seed(runs, "first")
     routed = [k for k in top_ks if k >= 2 or gate == "switch"]
     counted = "every top-k" if gate == "switch" else "top-k >= 2"
@@ -269,48 +343,90 @@ def verdicts(runs: list[dict], top_ks: list[int], gate: str = "renormalised") ->
         decision("dense / none: attention entropy (share of uniform), final",
                  [final[("dense / none", s)]["attn_entropy_norm"] for s in dense],
                  "above", ATTENTION_FLOOR)]
+    by_coef: dict[str, dict[float, list[dict]]] = {}
     for key, method in (("popkl_as_switch", "popkl"), ("jvar_as_switch", "jvar")):
-        plan[key] = []
+        plan[key], by_coef[key] = [], {}
         for k in routed:
-            plan[key] += [
-                decision(f"top-{k}: H(f)/log E of {method} - switch (paired by seed)",
-                         _paired(final, f"moe top-{k} / switch", f"moe top-{k} / {method}",
-                                 "usage_entropy_norm"), "above", -MARGIN),
-                decision(f"top-{k}: dead experts per layer with {method}",
-                         [v["dead"] for (n, _), v in final.items()
-                          if n == f"moe top-{k} / {method}"], "below", 1.0)]
-    def mean(values: list[float]) -> float:
-        finite = [x for x in values if math.isfinite(x)]
-        return float(np.mean(finite)) if finite else math.nan
-
+            for c in _coefs(runs, k, method):
+                name = f"moe top-{k} / {method} {c:g}"
+                ds = [decision(f"top-{k}, coef {c:g}: H(f)/log E of {method} - switch (paired "
+                               "by seed)", _paired(final, f"moe top-{k} / switch", name,
+                                                   "usage_entropy_norm"), "above", -MARGIN),
+                      decision(f"top-{k}, coef {c:g}: dead experts per layer with {method}",
+                               [v["dead"] for (n, _), v in final.items() if n == name],
+                               "below", 1.0)]
+                plan[key] += ds
+                by_coef[key].setdefault(c, []).extend(ds)
     seeds = sorted({s for (_, s) in final})
-    attn = [mean([v["coupling_attn_cos"] for (n, t), v in final.items() if t == s])
-            for s in seeds]
-    moe = [mean([v["coupling_ffn_cos"] for (n, t), v in final.items()
-                 if t == s and any(n.startswith(f"moe top-{k} ") for k in routed)])
-           for s in seeds]
-    plan["coupling"] = [decision("attention coupling cosine (mean over arms, per seed)", attn,
-                                 "above", 0.5),
-                        decision(f"MoE ({counted}) coupling cosine, per seed", moe, "above",
-                                 -0.1),
-                        decision(f"MoE ({counted}) coupling cosine, per seed", moe, "below",
-                                 0.1)]
+    plan["coupling"] = []
+    for proxy, label in (("cos", "cosine"), ("token_cos", "per-token cosine")):
+        attn = [_nanmean([v[f"coupling_attn_{proxy}"] for (n, t), v in final.items()
+                          if t == s and not n.startswith(CONTROL)]) for s in seeds]
+        moe = [_nanmean([v[f"coupling_ffn_{proxy}"] for (n, t), v in final.items()
+                         if t == s and any(n.startswith(f"moe top-{k} ") for k in routed)])
+               for s in seeds]
+        plan["coupling"] += [
+            decision(f"attention coupling {label} (mean over arms, per seed)", attn, "above",
+                     0.5),
+            decision(f"MoE ({counted}) coupling {label}, per seed", moe, "above", -0.1),
+            decision(f"MoE ({counted}) coupling {label}, per seed", moe, "below", 0.1)]
+    plan["coupling_causal"] = [decision(
+        f"attention entropy (share of uniform) of {CONTROL} / none - dense / none (paired by "
+        "seed)", _paired(final, "dense / none", f"{CONTROL} / none", "attn_entropy_norm"),
+        "below", 0.0)]
     decide([d for ds in plan.values() for d in ds])
+    as_switch = (f"at some coefficient: not worse than Switch by more than {MARGIN} (lower "
+                 "bound of the paired difference) and < 1 dead expert per layer (upper bound), "
+                 "for every counted top-k")
     criteria = {
         "moe_collapses": "without balancing the routing is less balanced than with the Switch "
                          f"loss: the paired difference's lower bound > 0, {counted}",
         "attention_healthy": "the plain Transformer's attention has left its initialisation "
                              "(entropy fell: upper bound < 0) and has not collapsed (lower "
                              f"bound > {ATTENTION_FLOOR} of the uniform posterior's entropy)",
-        "popkl_as_switch": f"not worse than Switch by more than {MARGIN} (lower bound of the "
-                           "paired difference) and < 1 dead expert per layer (upper bound)",
-        "jvar_as_switch": f"not worse than Switch by more than {MARGIN} (lower bound of the "
-                          "paired difference) and < 1 dead expert per layer (upper bound)",
-        "coupling": "by the cosine proxy of section 20: attention's lower bound > 0.5 and the "
-                    "MoE router's bounds inside (-0.1, 0.1)",
+        "popkl_as_switch": as_switch,
+        "jvar_as_switch": as_switch,
+        "coupling": "by the global and the per-token gradient cosine of section 20 (each "
+                    "proxy): attention's lower bound > 0.5 and the MoE router's bounds inside "
+                    "(-0.1, 0.1)",
+        "coupling_causal": "the control's attention entropy is below the coupled model's: "
+                           "upper bound of the paired difference < 0",
     }
-    return {key: {"criterion": criteria[key], "decisions": ds, "reproduced": _verdict(ds)}
-            for key, ds in plan.items()}
+    out = {key: {"criterion": criteria[key], "decisions": ds, "reproduced": _verdict(ds)}
+           for key, ds in plan.items()}
+    for key, per in by_coef.items():
+        each = {c: _verdict(ds) for c, ds in per.items()}
+        passing = [c for c, v in each.items() if v]
+        out[key]["passing_coefs"] = passing
+        out[key]["reproduced"] = (True if passing else None if not each
+                                  or any(v is None for v in each.values()) else False)
+    return out
+
+
+def leaves_initialisation(runs: list[dict], name: str) -> dict:
+    """When the attention of arm ``name`` leaves its initialisation: for every evaluated step
+    ``t > 0``, the per-seed differences ``H_t - H_0`` of the attention entropy (share of the
+    uniform posterior's), their mean and one-sided 95% Student-t upper bound (descriptive, not
+    counted in the verdicts' ``m``); ``step`` is the first ``t`` whose bound is below 0 (None
+    if none is, or with fewer than 2 seeds)."""
+    from svflow_jax.fitting import t_quantile
+
+    per_step: dict[int, list[float]] = {}
+    for r in runs:
+        if arm(r["config"]) != name:
+            continue
+        h = [scalars(row, r["config"])["attn_entropy_norm"] for row in r["history"]]
+        for row, value in zip(r["history"][1:], h[1:], strict=True):
+            per_step.setdefault(row["step"], []).append(value - h[0])
+    steps, found = [], None
+    for t in sorted(per_step):
+        v = np.asarray(per_step[t])
+        bound = (float(v.mean() + t_quantile(0.95, v.size - 1) * v.std(ddof=1)
+                       / math.sqrt(v.size)) if v.size >= 2 else math.nan)
+        steps.append({"step": t, "mean": float(v.mean()), "upper": bound, "seeds": int(v.size)})
+        if found is None and bound < 0:
+            found = t
+    return {"arm": name, "step": found, "steps": steps}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +495,8 @@ def figures(out: Path, runs: list[dict]) -> list[str]:
          "usage_entropy.png", only_moe=True)
     plot("max_load", "max load E max_e f_e (mean over layers, seeds)", "max_load.png",
          only_moe=True)
+    plot("attn_entropy_norm", "attention entropy / uniform's (mean over layers, seeds)",
+         "attn_entropy.png")
     plot("coupling_attn_cos", "coupling cos(g_post, g_score): attention", "coupling_attn.png")
     plot("coupling_ffn_cos", "coupling cos(g_post, g_score): MoE (top-2; top-1 undefined)",
          "coupling_moe.png", only_moe=True)
@@ -398,7 +516,10 @@ def fmt(entry, digits=3):
 TABLE_COLS = [("usage_entropy_norm", "H(f)/log E"), ("max_load", "max load"),
               ("dead", "dead/layer"), ("router_entropy_norm", "router H/log E"),
               ("attn_entropy_norm", "attn H/H_unif"), ("val_bpc", "val bpc"), ("ece", "ECE"),
-              ("coupling_attn_cos", "cos attn"), ("coupling_ffn_cos", "cos MoE")]
+              ("coupling_attn_cos", "cos attn"), ("coupling_attn_token_cos", "token cos attn"),
+              ("coupling_attn_post_share", "share attn"), ("coupling_ffn_cos", "cos MoE"),
+              ("coupling_ffn_token_cos", "token cos MoE"),
+              ("coupling_ffn_post_share", "share MoE")]
 
 
 def markdown_table(table: dict) -> str:
@@ -423,6 +544,9 @@ def verdict_lines(v: dict) -> str:
         parts = [f"{d['what']}: {d['mean']:.3f}, {'lower' if d['side'] == 'above' else 'upper'}"
                  f" {d['bound']:.3f} {'>' if d['side'] == 'above' else '<'} "
                  f"{d['threshold']:g}? ({len(d['values'])})" for d in e["decisions"]]
+        if "passing_coefs" in e:
+            word += " (passing coefficients: " + (", ".join(
+                f"{c:g}" for c in e["passing_coefs"]) or "none") + ")"
         lines.append(f"| {text} | {e['criterion']} | {'; '.join(parts) or 'no arm'} | "
                      f"**{word}** |")
     return "\n".join(lines)
@@ -451,6 +575,11 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     from svflow_jax.environment import environment
     from svflow_jax.tables import write_csv
 
+    methods = ("none", "switch", "popkl", "jvar")
+    runs = sorted(runs, key=lambda r: (r["config"]["ffn"] != "moe", r["config"].get("top_k") or 0,
+                                       bool(r["config"].get("qk_stop_gradient")),
+                                       methods.index(r["config"]["method"]),
+                                       r["config"]["coef"], r["config"]["seed"]))  # arm order
     table = aggregate(runs)
     v = verdicts(runs, s["top_ks"], s.get("gate", "renormalised"))
     write_csvs(out, runs)
@@ -460,9 +589,16 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
                                   for n, r in table.items()])
     figs = figures(out, runs)
     reg = paired_differences(runs, "dense / none", "dense / jvar", REG_MEASURES)
+    leave = [leaves_initialisation(runs, name) for name in table]
     summary = {"settings": s, "quick": quick, "runs": len(runs), "seconds": seconds,
                "run_seconds": [r["seconds"] for r in runs], "table": table, "verdicts": v,
-               "jvar_regulariser_dense": reg, "environment": environment()}
+               "jvar_regulariser_dense": reg, "attention_leaves_initialisation": leave,
+               "environment": environment()}
+    leave_lines = ["| arm | first step with H_t - H_0 < 0 (upper bound) | H_t - H_0 per evaluated "
+                   "step: mean (upper bound) |", "|---|---|---|"] + [
+        f"| {e['arm']} | {e['step'] if e['step'] is not None else 'never'} | "
+        + "; ".join(f"{x['step']}: {x['mean']:+.3f} ({x['upper']:+.3f})" for x in e["steps"])
+        + " |" for e in leave]
     reg_lines = ["| measure | dense/jvar - dense/none (per seed, mean ± 95% t) | seeds |",
                  "|---|---|---|"] + [f"| {m} | {fmt(e, 4)} | {len(e['values'])} |"
                                      for m, e in reg.items()]
@@ -471,7 +607,9 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
     text = [
         "# The hybrid objective and MoE stability", "",
         f"Scale: **{scale}**; {len(runs)} runs, {s['steps']} steps each, seeds {s['seeds']}; "
-        f"MoE gate: {s.get('gate', 'renormalised')}; "
+        f"MoE gate: {s.get('gate', 'renormalised')}; Switch loss coefficient {s['coef']:g}, "
+        f"population KL and J_var at {', '.join(f'{c:g}' for c in s.get('coefs', [s['coef']]))}"
+        f" (top-k {s.get('sweep_top_ks') or s['top_ks']}; other top-k the first only); "
         f"{sum(r['seconds'] for r in runs) / 60:.1f} min of training and evaluation (sum over "
         "runs). Final evaluation on *Persuasion* "
         f"({s['eval_sequences']} windows of {s['context']} bytes). Intervals: 95% Student t "
@@ -481,8 +619,14 @@ def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: flo
         "E max_e f_e (1 = balanced, E = total collapse); dead: experts with f_e < 0.01/E; router "
         "H: mean entropy of the dense router posterior; attn H/H_unif: mean attention entropy "
         "over the uniform causal posterior's; cos: coupling of posterior and score gradients "
-        "(section 20 of docs/theory.md).", "",
+        "(section 20 of docs/theory.md), global and per token; share: the posterior path's "
+        "share <g_post, g> / |g|^2 of the squared gradient at the shared representation. "
+        f"{CONTROL}: the plain Transformer with queries and keys through a stop-gradient.", "",
         "## The paper's statements", "", verdict_lines(v), "",
+        "## When attention leaves its initialisation", "",
+        "Attention entropy (share of the uniform posterior's) at each evaluation minus step 0's, "
+        "per seed; one-sided 95% t upper bound over seeds (descriptive, not in m).", "",
+        *leave_lines, "",
         "## J_var as a regulariser of the plain Transformer", "",
         f"Coefficient {s['coef']}; paired by seed (same initial weights and batches). attn_j_var "
         "is svflow diagnose's kl_q_p read on every validation token.", "", *reg_lines, "",

@@ -1,6 +1,7 @@
 """The hybrid objective's terms against independent NumPy/SciPy evaluations, the bridge against
 the model and against ``svflow diagnose``, and the gradient coupling on a tiny model."""
 
+import dataclasses
 import math
 
 import jax
@@ -224,3 +225,60 @@ def test_one_check_of_what_the_bridge_reads():
         readout.check_supported(config, flow=True)
     with pytest.raises(ValueError, match="reads a TransformerLM or TransformerConfig"):
         readout.check_supported("gpt2")
+
+
+def test_coupling_proxies_against_a_hand_written_layer():
+    """The three coupling proxies of one pre-norm attention layer against an independent
+    computation: the model written out by hand (embeddings, RMSNorm, causal attention with the
+    posterior reading ``z + d_post`` and the values ``z + d_score``, GELU FFN, final Norm,
+    unembedding), its two input gradients by ``jax.grad`` and the proxies in NumPy. With the
+    stop-gradient control the posterior path carries exactly no gradient."""
+    cfg = TransformerConfig(d_model=8, n_layers=1, n_heads=2, d_head=4, d_ff=16,
+                            norm_position="pre", causal=True, ffn="gelu", vocab_size=11,
+                            n_positions=6, param_dtype=jnp.float64, init_std=0.5)
+    model = TransformerLM(cfg, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, 11, (3, 7)))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    layer = model.transformer.layer(0)
+    p = {k: jnp.asarray(v) for k, v in dict(
+        embed=model.embed[...], pos=model.pos_embed[...], g1=layer.norm_attn.gain[...],
+        g2=layer.norm_ffn.gain[...], g3=model.transformer.final_norm.gain[...],
+        wq=layer.attn.wq[...], wk=layer.attn.wk[...], wv=layer.attn.wv[...],
+        wo=layer.attn.wo[...], w_in=layer.ffn.w_in[...], w_out=layer.ffn.w_out[...],
+        unembed=model.unembed[...]).items()}
+
+    def rms(x, g):
+        return x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + cfg.norm_eps) * g
+
+    def loss(d_post, d_score):
+        x0 = p["embed"][inputs] + p["pos"][:6]
+        z = rms(x0, p["g1"])
+        q = jnp.einsum("bnd,dhk->bhnk", z + d_post, p["wq"])
+        k = jnp.einsum("bnd,dhk->bhnk", z + d_post, p["wk"])
+        v = jnp.einsum("bnd,dhk->bhnk", z + d_score, p["wv"])
+        s = jnp.einsum("bhik,bhjk->bhij", q, k) / 2.0
+        s = jnp.where(np.tril(np.ones((6, 6), bool)), s, -np.inf)
+        a = jnp.einsum("bhij,bhjk,hkd->bid", jax.nn.softmax(s, -1), v, p["wo"])
+        x1 = x0 + a
+        x2 = x1 + jax.nn.gelu(rms(x1, p["g2"]) @ p["w_in"], approximate=False) @ p["w_out"]
+        # the coupling's loss reads the logits in float32 (mechanism._coupling), so does this
+        logp = jax.nn.log_softmax((rms(x2, p["g3"]) @ p["unembed"]).astype(jnp.float32), -1)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+    zero = jnp.zeros((3, 6, 8))
+    gp, gs = (np.asarray(g, np.float64) for g in jax.grad(loss, argnums=(0, 1))(zero, zero))
+    cos = np.sum(gp * gs) / np.sqrt(np.sum(gp**2) * np.sum(gs**2))
+    token = np.mean(np.sum(gp * gs, -1) / np.sqrt(np.sum(gp**2, -1) * np.sum(gs**2, -1)))
+    share = np.sum(gp * (gp + gs)) / np.sum((gp + gs) ** 2)
+    c = gradient_coupling(model, inputs, targets)
+    np.testing.assert_allclose(c.attn_cos[0], cos, rtol=1e-8)
+    np.testing.assert_allclose(c.attn_token_cos[0], token, rtol=1e-8)
+    np.testing.assert_allclose(c.attn_post_share[0], share, rtol=1e-8)
+    np.testing.assert_allclose(c.attn_norm_ratio[0],
+                               np.linalg.norm(gp) / np.linalg.norm(gs), rtol=1e-8)
+    assert abs(cos - token) > 1e-3 and 0 < share < 1  # three different numbers
+    assert np.all(np.isnan(c.ffn_post_share))  # a dense FFN has no posterior
+    cut = TransformerLM(dataclasses.replace(cfg, qk_stop_gradient=True), rngs=nnx.Rngs(3))
+    c_cut = gradient_coupling(cut, inputs, targets)
+    assert c_cut.attn_post_share[0] == 0.0 and np.isnan(c_cut.attn_cos[0])

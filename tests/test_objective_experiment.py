@@ -15,7 +15,7 @@ def _run(*args):
 def test_quick_subset_writes_report(tmp_path):
     out = tmp_path / "r"
     proc = _run("--quick", "--out", str(out), "--methods", "none", "switch", "--steps", "2",
-                "--dense-methods", "--no-progress")
+                "--dense-methods", "--control-methods", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("config.json", "runs.jsonl", "curves.csv", "final.csv", "table.csv",
                  "summary.json", "report.md", "usage_entropy.png", "coupling_attn.png"):
@@ -37,6 +37,7 @@ def test_quick_subset_writes_report(tmp_path):
 
 @pytest.mark.parametrize(("bad", "named"), [
     (["--steps", "0"], "--steps"), (["--seeds", "x"], "--seeds"), (["--coef", "-1"], "--coef"),
+    (["--coefs", "0.1", "nan"], "--coefs"), (["--control-methods", "switch"], "switch"),
     (["--methods", "bogus"], "bogus"), (["--top-ks", "0"], "--top-ks"),
     (["--top-ks", "1", "9"], "at most the 8 experts")])
 def test_bad_options_exit_2(tmp_path, bad, named):

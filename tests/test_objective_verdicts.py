@@ -34,41 +34,51 @@ def _script():
 def _row(moe: bool, usage: float, dead: float, attn: float, cos_attn: float, cos_moe: float):
     row = {"val_loss": 2.0, "val_bpc": 2.9, "ece": 0.05, "attn_entropy_uniform": 2.0,
            "attn_entropy": [2.0 * attn] * 2, "attn_j_var": [0.1] * 2,
-           "coupling_attn_cos": [cos_attn] * 2}
+           "coupling_attn_cos": [cos_attn] * 2, "coupling_attn_token_cos": [cos_attn] * 2,
+           "coupling_attn_post_share": [0.3] * 2}
     if moe:
         row |= {"usage_entropy": [usage * math.log(8)] * 2, "max_load": [1.5] * 2,
                 "dead": [dead] * 2, "router_entropy": [1.0] * 2, "moe_j_var": [0.1] * 2,
-                "coupling_ffn_cos": [cos_moe] * 2, "coupling_ffn_norm_ratio": [1.0] * 2}
+                "coupling_ffn_cos": [cos_moe] * 2, "coupling_ffn_token_cos": [cos_moe] * 2,
+                "coupling_ffn_post_share": [0.1] * 2, "coupling_ffn_norm_ratio": [1.0] * 2}
     return row
 
 
-def _runs(seeds: int, noise: float, seed: int = 0) -> list[dict]:
+# (ffn, top-k, method, coefficient, final usage, final dead, final attention entropy, control)
+ARMS = [("moe", 2, "none", 0.01, 0.5, 2.0, 0.6, False),
+        ("moe", 2, "switch", 0.01, 0.9, 0.0, 0.6, False),
+        ("moe", 2, "popkl", 0.01, 0.9, 0.0, 0.6, False),
+        ("moe", 2, "jvar", 0.01, 0.9, 0.0, 0.6, False),
+        ("gelu", None, "none", 0.01, None, None, 0.6, False),
+        ("gelu", None, "none", 0.01, None, None, 0.3, True)]
+
+
+def _runs(seeds: int, noise: float, seed: int = 0, arms=ARMS) -> list[dict]:
     """top-2 none collapses (usage 0.5), switch/popkl/jvar balanced (0.9), dense attention
-    leaves its initialisation (0.95 -> 0.6), couplings 0.8 (attention) and 0 (MoE); ``noise``
-    scatters every per-seed value."""
+    leaves its initialisation (0.95 -> 0.6; the stop-gradient control's to 0.3), couplings 0.8
+    (attention) and 0 (MoE); ``noise`` scatters every per-seed value."""
     rng = np.random.default_rng(seed)
-    arms = [("moe", 2, "none", 0.5, 2.0), ("moe", 2, "switch", 0.9, 0.0),
-            ("moe", 2, "popkl", 0.9, 0.0), ("moe", 2, "jvar", 0.9, 0.0),
-            ("gelu", None, "none", None, None)]
     runs = []
     for s in range(seeds):
-        for ffn, k, method, usage, dead in arms:
+        for ffn, k, method, coef, usage, dead, attn, control in arms:
             e = noise * rng.normal(size=5)
             moe = ffn == "moe"
-            cfg = {"ffn": ffn, "top_k": k, "method": method, "seed": s, "n_experts": 8}
-            final = _row(moe, (usage or 0) + e[0], max((dead or 0) + e[1], 0.0), 0.6 + e[2],
+            cfg = {"ffn": ffn, "top_k": k, "method": method, "seed": s, "n_experts": 8,
+                   "coef": coef, "qk_stop_gradient": control}
+            final = _row(moe, (usage or 0) + e[0], max((dead or 0) + e[1], 0.0), attn + e[2],
                          0.8 + e[3], e[4])
             start = _row(moe, 1.0, 0.0, 0.95, 0.0, 0.0)
-            runs.append({"config": cfg, "final": final, "history": [start, final]})
+            runs.append({"config": cfg, "final": final,
+                         "history": [{"step": 0, **start}, {"step": 50, **final}]})
     return runs
 
 
 def test_every_verdict_is_decided_by_a_bonferroni_t_bound():
     script = _script()
-    v = script.verdicts(_runs(5, 0.02), [1, 2])
+    v = script.verdicts(_runs(5, 0.01), [1, 2])
     decisions = [d for e in v.values() for d in e["decisions"]]
     m = len(decisions)
-    assert m == 10 and all(d["comparisons"] == m for d in decisions)
+    assert m == 14 and all(d["comparisons"] == m for d in decisions)
     for d in decisions:
         x = np.asarray(d["values"])
         t = scipy.stats.t.ppf(1 - 0.05 / m, len(x) - 1)
@@ -77,7 +87,7 @@ def test_every_verdict_is_decided_by_a_bonferroni_t_bound():
         assert d["bound"] == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert {k: e["reproduced"] for k, e in v.items()} == {
         "moe_collapses": True, "attention_healthy": True, "popkl_as_switch": True,
-        "jvar_as_switch": True, "coupling": True}
+        "jvar_as_switch": True, "coupling": True, "coupling_causal": True}
 
 
 def test_the_same_means_scattered_over_seeds_are_not_reproduced():
@@ -85,13 +95,16 @@ def test_the_same_means_scattered_over_seeds_are_not_reproduced():
     v = _script().verdicts(_runs(5, 0.5, seed=3), [1, 2])
     assert v["moe_collapses"]["reproduced"] is False
     assert v["coupling"]["reproduced"] is False
+    assert v["coupling_causal"]["reproduced"] is False
+    assert v["popkl_as_switch"]["reproduced"] is False
+    assert v["popkl_as_switch"]["passing_coefs"] == []
 
 
 def test_one_seed_is_undecided_and_top1_is_not_a_test_of_routing():
     script = _script()
     v = script.verdicts(_runs(1, 0.02), [1, 2])
     assert all(e["reproduced"] is None for e in v.values())
-    only_top1 = script.verdicts(_runs(5, 0.02), [1])
+    only_top1 = script.verdicts(_runs(5, 0.01), [1])
     assert only_top1["moe_collapses"]["decisions"] == []
     assert only_top1["moe_collapses"]["reproduced"] is None
 
@@ -100,7 +113,7 @@ def test_a_switch_gated_top1_router_is_counted():
     """With ``--gate switch`` a top-1 router is trained by the task, so the top-1 arms enter the
     MoE decisions (the same runs relabelled top-1)."""
     script = _script()
-    runs = _runs(5, 0.02)
+    runs = _runs(5, 0.01)
     for r in runs:
         if r["config"]["top_k"] == 2:
             r["config"]["top_k"] = 1
@@ -109,3 +122,77 @@ def test_a_switch_gated_top1_router_is_counted():
     assert [d["what"] for d in v["moe_collapses"]["decisions"]] == [
         "top-1: H(f)/log E of switch - none (paired by seed)"]
     assert v["moe_collapses"]["reproduced"] is True
+
+
+def test_each_coefficient_is_decided_and_counted():
+    """popKL / J_var at three coefficients: each coefficient's two decisions count in ``m``;
+    only the coefficient whose per-seed values clear both bounds passes. The means of the
+    middle coefficient clear the thresholds but its seeds scatter: not passed."""
+    script = _script()
+    arms = [a for a in ARMS if a[2] not in ("popkl", "jvar")] + [
+        ("moe", 2, method, coef, usage, dead, 0.6, False)
+        for method in ("popkl", "jvar")
+        for coef, usage, dead in ((0.01, 0.5, 2.0), (0.1, 0.9, 0.0), (1.0, 0.9, 0.0))]
+    runs = _runs(5, 0.01, arms=arms)
+    for r in runs:  # scatter coefficient 0.1 only: mean kept, per seed +-0.4
+        if r["config"]["coef"] == 0.1 and r["config"]["method"] in ("popkl", "jvar"):
+            shift = (-0.4, 0.4, -0.3, 0.3, 0.0)[r["config"]["seed"]]
+            r["final"]["usage_entropy"] = [(0.9 + shift) * math.log(8)] * 2
+    v = script.verdicts(runs, [1, 2])
+    decisions = [d for e in v.values() for d in e["decisions"]]
+    assert len(decisions) == 14 + 2 * 2 * 2
+    for key in ("popkl_as_switch", "jvar_as_switch"):
+        e = v[key]
+        assert [d["what"][:15] for d in e["decisions"][::2]] == [
+            "top-2, coef 0.0", "top-2, coef 0.1", "top-2, coef 1: "]
+        assert e["passing_coefs"] == [1.0] and e["reproduced"] is True
+        middle = e["decisions"][2]
+        assert middle["mean"] > -0.05 and middle["passed"] is False
+    # without the good coefficient nothing passes
+    runs = [r for r in runs if r["config"]["coef"] != 1.0 or r["config"]["method"] == "switch"]
+    v = script.verdicts(runs, [1, 2])
+    assert v["popkl_as_switch"]["reproduced"] is False
+    assert v["popkl_as_switch"]["passing_coefs"] == []
+
+
+def test_the_coupling_control_is_decided_paired_by_seed():
+    """The stop-gradient control's verdict is the paired (control - plain) attention entropy's
+    upper bound; a control whose entropy is higher is not reproduced, and one whose mean is
+    lower but whose seeds scatter is not either."""
+    script = _script()
+    higher = [a[:6] + ((0.8,) if a[7] else (a[6],)) + a[7:] for a in ARMS]
+    v = script.verdicts(_runs(5, 0.01, arms=higher), [2])
+    d = v["coupling_causal"]["decisions"][0]
+    assert d["mean"] > 0 and v["coupling_causal"]["reproduced"] is False
+    runs = _runs(5, 0.01)
+    for r in runs:
+        if r["config"]["qk_stop_gradient"]:
+            shift = (-0.5, 0.5, -0.4, 0.4, 0.0)[r["config"]["seed"]]
+            r["final"]["attn_entropy"] = [2.0 * (0.55 + shift)] * 2
+    d = script.verdicts(runs, [2])["coupling_causal"]
+    assert d["decisions"][0]["mean"] < 0 and d["reproduced"] is False
+    # the control's coupling (no posterior gradient) is not averaged into attention's
+    assert all(not math.isnan(x) for x in
+               script.verdicts(runs, [2])["coupling"]["decisions"][0]["values"])
+
+
+def test_when_attention_leaves_its_initialisation():
+    """The first evaluated step whose one-sided 95% t upper bound of ``H_t - H_0`` is below 0,
+    recomputed with SciPy; a step whose mean falls but whose seeds scatter does not count."""
+    script = _script()
+    runs = _runs(4, 0.0)
+    drops = {50: [0.1, -0.3, 0.05, -0.2], 100: [-0.2, -0.25, -0.3, -0.22]}
+    plain = [r for r in runs if r["config"]["ffn"] == "gelu" and not
+             r["config"]["qk_stop_gradient"]]
+    for r in plain:
+        start = r["history"][0]
+        r["history"] = [start] + [
+            {**start, "step": t, "attn_entropy": [2.0 * (0.95 + d[r["config"]["seed"]])] * 2}
+            for t, d in drops.items()]
+    e = script.leaves_initialisation(runs, "dense / none")
+    for row, (t, d) in zip(e["steps"], drops.items(), strict=True):
+        x = np.asarray(d)  # H_0 = 0.95 in every seed
+        want = x.mean() + scipy.stats.t.ppf(0.95, 3) * x.std(ddof=1) / 2.0
+        assert row["step"] == t and row["upper"] == pytest.approx(want, abs=1e-12)
+    assert np.mean(drops[50]) < 0 and e["steps"][0]["upper"] > 0
+    assert e["step"] == 100

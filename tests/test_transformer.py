@@ -1035,3 +1035,47 @@ def test_switch_gate_weights_and_the_router_gradient(top_k):
     switch = float(jnp.max(jnp.abs(grads["switch"]["router"][...])))
     assert switch > 1e-3
     assert renorm == 0.0 if top_k == 1 else renorm > 1e-3
+
+
+def test_qk_stop_gradient_cuts_only_the_posterior_path_to_the_tokens():
+    """``qk_stop_gradient``: the same outputs; the same parameter gradients (``W_Q``, ``W_K``
+    still train); the input gradient is that of the value path alone, recomputed by hand with
+    the attention posterior held constant, and the posterior itself sends the input no
+    gradient (the plain attention's does)."""
+    from svflow_jax.transformer.model import Attention
+
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.standard_normal((2, 5, 8)))
+    c = jnp.asarray(rng.standard_normal((2, 5, 8)))
+    base = dict(d_model=8, n_layers=1, n_heads=2, d_head=4, d_ff=16, causal=True,
+                param_dtype=jnp.float64, init_std=0.5)
+    plain = Attention(TransformerConfig(**base), rngs=nnx.Rngs(0))
+    cut = Attention(TransformerConfig(**base, qk_stop_gradient=True), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(cut(x), plain(x))
+
+    def loss(module, s, y):
+        return jnp.sum(nnx.merge(nnx.graphdef(module), s)(y) * c)
+
+    g_plain = jax.grad(loss, argnums=(1, 2))(plain, nnx.state(plain), x)
+    g_cut = jax.grad(loss, argnums=(1, 2))(cut, nnx.state(cut), x)
+    for name in ("wq", "wk", "wv", "wo"):
+        np.testing.assert_allclose(g_cut[0][name][...], g_plain[0][name][...], rtol=1e-12,
+                                   atol=1e-15)
+    assert float(jnp.max(jnp.abs(g_cut[0]["wk"][...]))) > 1e-3
+    assert float(jnp.max(jnp.abs(g_cut[0]["wq"][...]))) > 1e-3
+    # by hand: out = sum_h P_h (x W_V^h) W_O^h with P held constant
+    probs = np.asarray(plain.attention_weights(x))  # (B, H, n, n)
+    wv, wo = np.asarray(plain.wv[...]), np.asarray(plain.wo[...])
+    dout = np.asarray(c)  # dL/d out
+    dv = np.einsum("bhij,bid,hkd->bjhk", probs, dout, wo)  # dL/dv_{j,h}
+    np.testing.assert_allclose(g_cut[1], np.einsum("bjhk,dhk->bjd", dv, wv), rtol=1e-10,
+                               atol=1e-12)
+    assert float(jnp.max(jnp.abs(g_plain[1] - g_cut[1]))) > 1e-3  # the key/query path
+
+    def through_posterior(module, y):
+        return jnp.sum(module.attention_weights(y) * jnp.asarray(probs[::-1]))
+
+    assert float(jnp.max(jnp.abs(jax.grad(lambda y: through_posterior(cut, y))(x)))) == 0.0
+    assert float(jnp.max(jnp.abs(jax.grad(lambda y: through_posterior(plain, y))(x)))) > 1e-3
+    with pytest.raises(ValueError, match="qk_stop_gradient must be a bool"):
+        TransformerConfig(**base, qk_stop_gradient=1)

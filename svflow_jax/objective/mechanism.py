@@ -9,10 +9,21 @@ representation), the loss gradient splits exactly into the part flowing through 
     dL/dz = g_post + g_score,   g_post = dL/d delta_post,   g_score = dL/d delta_score
 
 (:mod:`svflow_jax.objective.bridge` feeds each path ``z + delta``, ``delta = 0``). The coupling
-is their cosine over the whole batch, ``<g_post, g_score> / (|g_post| |g_score|)`` (flattened
-over tokens and width), and its per-token version averaged over tokens. Any upstream parameter
-``theta`` receives ``(dz/dtheta)^T (g_post + g_score)``: a positive cosine means the two
-contributions push the representation, and everything upstream of it, the same way.
+is measured by three proxies, per layer, each flattened over the batch's tokens and the width
+unless stated:
+
+* the global cosine ``cos = <g_post, g_score> / (|g_post| |g_score|)``;
+* the per-token cosine ``mean_i <g_post,i, g_score,i> / (|g_post,i| |g_score,i|)`` (tokens
+  ``i`` of the batch where both norms are non-zero), which a few tokens with large gradients
+  cannot dominate;
+* the posterior share of the gradient at the shared representation, ``share = <g_post, g> /
+  |g|^2`` with ``g = g_post + g_score = dL/dz``: the exact split ``|g|^2 = <g_post, g> +
+  <g_score, g>`` attributes ``share`` of the squared gradient norm to the posterior path (0:
+  the posterior does not move ``z``; it can leave ``[0, 1]`` when the paths oppose).
+
+Beside them ``|g_post| / |g_score|``. Any upstream parameter ``theta`` receives ``(dz/dtheta)^T
+(g_post + g_score)``: a positive cosine means the two contributions push the representation,
+and everything upstream of it, the same way.
 """
 
 from __future__ import annotations
@@ -37,14 +48,18 @@ __all__ = ["Coupling", "gradient_coupling", "cosine"]
 @dataclasses.dataclass
 class Coupling:
     """Per-layer coupling of one batch (NumPy, float64). ``ffn_*`` are NaN for a dense FFN
-    (no posterior). ``*_norm_ratio`` is ``|g_post| / |g_score|``."""
+    (no posterior). ``*_cos``: global cosine; ``*_token_cos``: per-token cosine averaged;
+    ``*_post_share``: ``<g_post, g> / |g|^2``; ``*_norm_ratio``: ``|g_post| / |g_score|``
+    (module docstring)."""
 
     attn_cos: np.ndarray  # (L,)
     attn_token_cos: np.ndarray  # (L,)
     attn_norm_ratio: np.ndarray  # (L,)
+    attn_post_share: np.ndarray  # (L,)
     ffn_cos: np.ndarray  # (L,)
     ffn_token_cos: np.ndarray  # (L,)
     ffn_norm_ratio: np.ndarray  # (L,)
+    ffn_post_share: np.ndarray  # (L,)
 
     def to_json(self) -> dict[str, Any]:
         return {k: [float(x) for x in v] for k, v in dataclasses.asdict(self).items()}
@@ -81,6 +96,9 @@ def _coupling(graphdef, state, tokens, targets):
         out[f"{branch}_token_cos"] = jnp.nanmean(tok, axis=-1)
         ns = jnp.linalg.norm(fs, axis=-1)
         out[f"{branch}_norm_ratio"] = jnp.linalg.norm(fp, axis=-1) / jnp.where(ns > 0, ns, jnp.nan)
+        total = fp + fs
+        gg = jnp.sum(total * total, axis=-1)
+        out[f"{branch}_post_share"] = jnp.sum(fp * total, axis=-1) / jnp.where(gg > 0, gg, jnp.nan)
     return out
 
 
@@ -92,6 +110,6 @@ def gradient_coupling(
     out = _coupling(graphdef, state, jnp.asarray(tokens), jnp.asarray(targets))
     out = {k: np.asarray(v, np.float64) for k, v in out.items()}
     if model.config.ffn != "moe":
-        for k in ("ffn_cos", "ffn_token_cos", "ffn_norm_ratio"):
+        for k in ("ffn_cos", "ffn_token_cos", "ffn_norm_ratio", "ffn_post_share"):
             out[k] = np.full_like(out[k], np.nan)
     return Coupling(**out)

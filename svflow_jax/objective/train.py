@@ -48,7 +48,9 @@ METHODS = ("none", "switch", "popkl", "jvar")
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One training run. ``ffn="moe"`` (``n_experts``, ``top_k``) or ``"gelu"`` (dense)."""
+    """One training run. ``ffn="moe"`` (``n_experts``, ``top_k``) or ``"gelu"`` (dense);
+    ``qk_stop_gradient``: the attention control of :class:`TransformerConfig` (queries and keys
+    read the token states through a stop-gradient)."""
 
     ffn: str = "moe"
     n_experts: int = 8
@@ -68,6 +70,7 @@ class RunConfig:
     weight_decay: float = 0.01
     clip: float = 1.0
     seed: int = 0
+    qk_stop_gradient: bool = False
     eval_every: int = 50
     eval_sequences: int = 64
 
@@ -89,7 +92,8 @@ class RunConfig:
     @property
     def name(self) -> str:
         arch = f"moe{self.n_experts}-top{self.top_k}" if self.ffn == "moe" else "dense"
-        return f"{arch}/{self.method}/seed{self.seed}"
+        arch += "-qksg" if self.qk_stop_gradient else ""
+        return f"{arch}/{self.method}-{self.coef:g}/seed{self.seed}"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -117,7 +121,8 @@ def model_config(run: RunConfig) -> TransformerConfig:
     return TransformerConfig(
         d_model=run.d_model, n_layers=run.n_layers, n_heads=run.n_heads,
         d_head=run.d_model // run.n_heads, d_ff=run.d_ff, norm_position="pre", causal=True,
-        ffn=run.ffn, vocab_size=256, n_positions=run.context, **moe)
+        ffn=run.ffn, vocab_size=256, n_positions=run.context,
+        qk_stop_gradient=run.qk_stop_gradient, **moe)
 
 
 def regulariser(method: str, t: LayerTerms) -> jax.Array:

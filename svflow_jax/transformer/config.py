@@ -18,6 +18,9 @@ Decisions worth knowing
   ``qkv_bias=True`` alone). ``any_bias`` says whether the stack has any bias at all.
 * ``qk_norm``: a per-head RMSNorm (with gains, epsilon ``norm_eps``) of the queries and keys,
   before RoPE (Qwen3).
+* ``qk_stop_gradient`` is an experimental control, not an architecture: the forward pass is
+  unchanged, only the gradient of the attention posterior with respect to the token states is
+  cut (the posterior and the values no longer share a gradient path through the tokens).
 * The embedding fields (``vocab_size``, ``n_positions``, ``type_vocab_size``,
   ``tie_embeddings``, ``lm_head``) only concern ``TransformerLM``; the stack ignores them.
 * ``init_std``: every weight matrix (Q/K/V/O, FFN, router, expert weights, embeddings) is drawn
@@ -182,6 +185,14 @@ class TransformerConfig:
         ffn_bias: biases of the FFN/expert matrices (``None``: ``use_bias``).
         norm_bias: LayerNorm bias (``None``: ``use_bias``; must not be ``True`` with RMSNorm).
         qk_norm: per-head RMSNorm of queries and keys, with gains ``(d_head,)``, before RoPE.
+        qk_stop_gradient: queries and keys read the branch input through a stop-gradient,
+            ``q_h = sg(x) W_Q[:, h]``, ``k_g = sg(x) W_K[:, g]`` (``sg`` the identity forward,
+            zero derivative), while ``v_g = x W_V[:, g]``. The function computed is unchanged;
+            the loss gradient with respect to the branch input ``x`` keeps only the value
+            path, ``dL/dx = sum_g (dL/dv_g) W_V[:, g]^T``: the attention posterior
+            ``softmax(q k^T / sqrt(d_head))`` no longer moves the token representations
+            (nor anything upstream of them), while ``W_Q`` and ``W_K`` still train
+            (``dL/dW_Q = x^T dL/dq``, as without it). Default ``False``.
         rope: ``None`` or a :class:`RoPE` (rotary position embeddings on queries and keys).
         vocab_size: ``TransformerLM`` only: token vocabulary.
         n_positions: ``TransformerLM`` only: learned absolute position embeddings (BERT) of this
@@ -222,6 +233,7 @@ class TransformerConfig:
     ffn_bias: bool | None = None
     norm_bias: bool | None = None
     qk_norm: bool = False
+    qk_stop_gradient: bool = False
     rope: RoPE | None = None
     vocab_size: int | None = None
     n_positions: int | None = None
@@ -282,7 +294,7 @@ class TransformerConfig:
             if self.d_head % 2:
                 raise ValueError(f"rope needs an even d_head, got {self.d_head}")
             self.rope.inv_freq(self.d_head)  # validates freq_factors against d_head
-        for name in ("use_bias", "qk_norm", "tie_embeddings", "lm_head"):
+        for name in ("use_bias", "qk_norm", "qk_stop_gradient", "tie_embeddings", "lm_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("qkv_bias", "out_bias", "ffn_bias", "norm_bias"):

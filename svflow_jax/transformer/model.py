@@ -171,6 +171,8 @@ class Attention(nnx.Module):
     with ``has_qkv_bias`` also ``bq (H, dk)``, ``bk (Hkv, dk)``, ``bv (Hkv, dk)``; with
     ``has_out_bias`` ``bo (d,)``; with ``qk_norm`` the gains ``q_norm_gain``, ``k_norm_gain
     (dk,)``. Order: projections, biases, per-head RMSNorm (``qk_norm``), RoPE (``rope``).
+    With ``qk_stop_gradient`` the queries and keys read ``stop_gradient(x)`` (same values; no
+    gradient from the posterior to ``x``; ``TransformerConfig``).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -179,6 +181,7 @@ class Attention(nnx.Module):
         self.causal = config.causal
         self.rope = config.rope
         self.eps = config.norm_eps
+        self.qk_stop_gradient = config.qk_stop_gradient
         self.wq = _param(rngs, config, (d, H, k))
         self.wk = _param(rngs, config, (d, G, k))
         self.wv = _param(rngs, config, (d, G, k))
@@ -194,8 +197,9 @@ class Attention(nnx.Module):
     def _qkv(
         self, x: Float[Array, "... n d"], positions: Array | None = None
     ) -> tuple[Array, Array, Array]:
-        q = jnp.einsum("...nd,dhk->...nhk", x, _get(self.wq, x))
-        k = jnp.einsum("...nd,dgk->...ngk", x, _get(self.wk, x))
+        xqk = jax.lax.stop_gradient(x) if self.qk_stop_gradient else x
+        q = jnp.einsum("...nd,dhk->...nhk", xqk, _get(self.wq, x))
+        k = jnp.einsum("...nd,dgk->...ngk", xqk, _get(self.wk, x))
         v = jnp.einsum("...nd,dgk->...ngk", x, _get(self.wv, x))
         if self.bq is not None:
             q, k, v = q + _get(self.bq, x), k + _get(self.bk, x), v + _get(self.bv, x)
