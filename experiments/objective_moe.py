@@ -561,7 +561,7 @@ def paired_differences(runs: list[dict], a: str, b: str, measures: list[str]) ->
     seeds = sorted(s for (n, s) in by if n == a and (b, s) in by)
     out = {}
     for m in measures:
-        d = [by[(b, s)][m] - by[(a, s)][m] for s in seeds]
+        d = _paired(by, a, b, m)
         if d:
             mean, half = interval(d)
             out[m] = {"mean": mean, "half": half, "values": d, "seeds": seeds}
