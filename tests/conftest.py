@@ -109,8 +109,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's file-scope scheduling, with the work units of :func:`group_of` (pytest-xdist's
     own ``--dist loadgroup`` marks do not reach its scheduler under pytest 9.2, whose node ids
-    no longer take xdist's ``@group`` suffix)."""
+    no longer take xdist's ``@group`` suffix). xdist would hand out the units with the most
+    tests first (``--loadscope-reorder``, its default), which puts one-test units such as the
+    notebooks last, so the order of :data:`LONG_FIRST` is kept instead."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
