@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -348,6 +349,8 @@ def _baseline_report(out: Path, results: dict) -> None:
 
 
 def summarise(s, plan, runs, recall, speed, interval) -> dict:
+    from svflow_jax.training.compare import COLLAPSED
+
     rows = []
     for design in s["designs"]:
         seeds = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
@@ -366,9 +369,12 @@ def summarise(s, plan, runs, recall, speed, interval) -> dict:
                              "loss": interval([r["adaptive"][i]["loss"] for r in seeds]),
                              "all_finished": all(r["adaptive"][i]["all_finished"]
                                                  for r in seeds)})
+        collapse = [r.get("collapse", math.nan) for r in seeds]
         rows.append({"design": design, "blocks": plan[design], "seeds": len(seeds),
                      "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
                      "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
+                     "collapse": collapse,
+                     "collapsed": sum(c >= COLLAPSED for c in collapse),
                      "train_seconds": interval([r["train_seconds"] for r in seeds]),
                      **speed[design]})
     recall_rows = []
@@ -403,7 +409,9 @@ def write_table(out: Path, results: dict) -> None:
     write_csv(out / "table.csv", [
         {"design": r["design"], "blocks": r["blocks"], "evaluations": r["evaluations"],
          "parameters": r["parameters"], "val_bpc_mean": r["val_bpc"][0],
-         "val_bpc_halfwidth95": r["val_bpc"][1], "transfer": _transfer_words(r),
+         "val_bpc_halfwidth95": r["val_bpc"][1],
+         "final_state_cosine_per_seed": " ".join(f"{c:.3f}" for c in r["collapse"]),
+         "collapsed_seeds": r["collapsed"], "transfer": _transfer_words(r),
          "train_tokens_per_s": round(r["train_tokens_per_s"]),
          "inference_tokens_per_s": round(r["inference_tokens_per_s"])}
         for r in results["austen"]])
@@ -472,6 +480,8 @@ def figures(out: Path, s, runs, interval) -> None:
 
 
 def write_report(out: Path, s, results) -> None:
+    from svflow_jax.training.compare import COLLAPSED
+
     lines = [
         "# Layer designs at equal compute",
         "",
@@ -482,19 +492,27 @@ def write_report(out: Path, s, results) -> None:
         f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass. Intervals: "
         f"95% Student t over seeds. Total run time {results['seconds']:.0f} s.",
         "",
-        "| design | blocks | evaluations | parameters | seeds | val. bits/char | depth "
-        "transfer (bits/char at blocks) | train tok/s | inference tok/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Collapse: the mean cosine between a sequence's final token states, per seed; a "
+        f"seed at {COLLAPSED} or above has collapsed (every token at one point) and its "
+        f"design is not ranked.",
+        "",
+        "| design | blocks | evaluations | parameters | seeds | val. bits/char | final-state "
+        "cosine per seed | depth transfer (bits/char at blocks) | train tok/s | inference tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["austen"]:
+        bpc = _fmt(r["val_bpc"])
+        if r["collapsed"]:
+            bpc = f"collapsed ({r['collapsed']} of {r['seeds']} seeds): {bpc}"
+        cosines = " ".join(f"{c:.2f}" for c in r["collapse"])
         lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
-                     f"{r['parameters']} | {r['seeds']} | {_fmt(r['val_bpc'])} | "
+                     f"{r['parameters']} | {r['seeds']} | {bpc} | {cosines} | "
                      f"{_transfer_words(r)} | "
                      f"{r['train_tokens_per_s']:.0f} | {r['inference_tokens_per_s']:.0f} |")
     t = results["transformer"]
     lines += [
         f"| plain NNX TransformerLM ({s['budget']} layers) | {s['budget']} | {s['budget']} | "
-        f"{t['parameters']} | - | - | - | {t['train_tokens_per_s']:.0f} | "
+        f"{t['parameters']} | - | - | - | - | {t['train_tokens_per_s']:.0f} | "
         f"{t['inference_tokens_per_s']:.0f} |",
         "",
         "![validation curves](validation_curves.png)",

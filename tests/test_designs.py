@@ -8,6 +8,7 @@ own Heun and midpoint methods, and a hand-written midpoint step.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import diffrax
@@ -41,14 +42,19 @@ def _logits(config: DesignConfig, seed: int = 0, steps: int | None = None) -> ja
 
 
 @pytest.mark.parametrize(
-    ("design", "norm_position"),
-    [("euler", "post"), ("euler", "pre"), ("lie-trotter", "post"), ("strang", "post")],
+    ("design", "norm_position", "head_bias"),
+    [("euler", "post", False), ("euler", "pre", False), ("lie-trotter", "post", False),
+     ("strang", "post", False), ("lie-trotter", "post", True)],
 )
-def test_euler_designs_equal_the_transformer(design, norm_position):
+def test_euler_designs_equal_the_transformer(design, norm_position, head_bias):
     """Per-layer weights, one step per layer: the design IS the Transformer block (parallel,
-    sequential or macaron; post-norm with projected branches or pre-norm), same weights."""
-    model = SolverLM(SMALL.replace(design=design, norm_position=norm_position),
-                     rngs=nnx.Rngs(1))
+    sequential or macaron; post-norm with projected branches or pre-norm), same weights; with
+    a head bias too."""
+    model = SolverLM(SMALL.replace(design=design, norm_position=norm_position,
+                                   head_bias=head_bias), rngs=nnx.Rngs(1))
+    if head_bias:
+        model.unembed_bias[...] = jax.random.normal(jax.random.key(2), (SMALL.vocab_size,),
+                                                    jnp.float32)
     ours = nnx.jit(lambda m, t: m(t))(model, TOKENS)
     theirs = nnx.jit(lambda m, t: m(t))(model.to_transformer(), TOKENS)
     scale = float(jnp.max(jnp.abs(theirs)))
@@ -187,3 +193,56 @@ def test_per_layer_stages_read_their_layer():
     expected = reference(model, singles, TOKENS)
     ours = nnx.jit(lambda m, t: m(t))(model, TOKENS)
     np.testing.assert_allclose(ours, expected, atol=1e-5 * float(jnp.max(jnp.abs(expected))))
+
+
+def test_token_collapse_against_a_pairwise_loop():
+    """The collapse measure equals the mean over sequences of the pairwise cosine loop in NumPy
+    on the model's final states; a model whose tokens all start at one point (equal
+    embeddings, no positions) is collapsed (1 to float32 round-off), an untrained one is not."""
+    from svflow_jax.training.compare import COLLAPSED, token_collapse
+    from svflow_jax.training.tasks import AustenBytes
+
+    task = AustenBytes(context=12)
+    config = DesignConfig(d_model=16, n_heads=2, d_head=8, d_ff=32, num_steps=3, num_anchors=3,
+                          duration=3.0, context=12)
+    model = SolverLM(config, rngs=nnx.Rngs(1))
+    inputs = np.concatenate([b[0] for b in task.eval_batches(5, 2)])
+    y = np.asarray(model.final_state(jnp.asarray(inputs)), np.float64)
+    per_sequence = []
+    for seq in y:
+        pairs = [seq[i] @ seq[j] / np.linalg.norm(seq[i]) / np.linalg.norm(seq[j])
+                 for i in range(len(seq)) for j in range(len(seq)) if i != j]
+        per_sequence.append(np.mean(pairs))
+    measured = token_collapse(model, task, 5, batch_size=2)
+    np.testing.assert_allclose(measured, np.mean(per_sequence), atol=1e-5)
+    assert measured < 0.5
+
+    model.embed[...] = jnp.broadcast_to(model.embed[...][0], model.embed[...].shape)
+    model.pos_embed[...] = jnp.zeros_like(model.pos_embed[...])
+    assert token_collapse(model, task, 5, batch_size=2) == pytest.approx(1.0, abs=1e-5)
+    assert COLLAPSED < 1.0
+
+
+def test_head_bias_starts_at_the_log_prior_of_the_training_text():
+    """With ``head_bias`` the trainer starts the bias at the task's log prior: the add-one
+    smoothed byte frequencies of the training text, counted here with ``collections.Counter``;
+    with the head's matrix at zero the model's logits are that prior at every position."""
+    import collections
+
+    from svflow_jax.training import TrainConfig, train
+    from svflow_jax.training.tasks import AustenBytes
+
+    task = AustenBytes(context=8)
+    counts = collections.Counter(task.text("train").tobytes())
+    total = sum(counts.values()) + 256
+    expected = np.array([math.log((counts.get(v, 0) + 1) / total) for v in range(256)])
+    np.testing.assert_allclose(task.log_prior(), expected, rtol=1e-6, atol=1e-6)
+
+    config = TrainConfig(model=SMALL.replace(head_bias=True, context=8), steps=1, lr=1e-12,
+                         warmup=0, batch_size=2, eval_every=0)
+    model = train(config, None, progress=False).model
+    np.testing.assert_allclose(model.unembed_bias[...], expected, atol=1e-5)
+    model.unembed[...] = jnp.zeros_like(model.unembed[...])
+    logits = model(jnp.asarray(task.batch(0, 0, 2)[0]))
+    np.testing.assert_allclose(logits, np.broadcast_to(expected, logits.shape), atol=1e-5)
+    assert SolverLM(SMALL, rngs=nnx.Rngs(0)).unembed_bias is None  # off by default

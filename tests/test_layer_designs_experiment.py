@@ -46,6 +46,8 @@ def test_quick_experiment_writes_the_report(tmp_path):
         assert [t["num_steps"] for t in r["transfer"].values()] == [
             max(1, round(f * r["blocks"])) for f in (0.5, 2.0, 4.0)]
         assert r["train_tokens_per_s"] > 0 and r["inference_tokens_per_s"] > 0
+        assert len(r["collapse"]) == 2 and all(-1 <= c <= 1 for c in r["collapse"])
+        assert r["collapsed"] == sum(c >= 0.99 for c in r["collapse"])
     adaptive = rows["heun"]["adaptive"]
     assert adaptive and adaptive[0]["all_finished"] and adaptive[0]["evaluations"][0] >= 2
     assert rows["euler"]["adaptive"] == []  # no embedded error estimate
@@ -57,7 +59,9 @@ def test_quick_experiment_writes_the_report(tmp_path):
     for name in ("validation_curves.png", "depth_transfer.png", "adaptive_depth.png"):
         assert (out / name).stat().st_size > 1000
     with open(out / "table.csv") as f:
-        assert [row["design"] for row in csv.DictReader(f)] == ["euler", "heun"]
+        table = list(csv.DictReader(f))
+    assert [row["design"] for row in table] == ["euler", "heun"]
+    assert all(len(row["final_state_cosine_per_seed"].split()) == 2 for row in table)
 
 
 def test_quick_baseline_part(tmp_path):

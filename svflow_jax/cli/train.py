@@ -58,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"weights per layer, or continuous in depth (default {m.weights})")
     p.add_argument("--norm", dest="norm_position", choices=["post", "pre"],
                    help=f"post-norm on the sphere or pre-norm (default {m.norm_position})")
+    p.add_argument("--head-bias", action="store_true", default=None,
+                   help="a bias on the logits, started at the log frequencies of the training "
+                   "tokens (keeps a post-norm stack from collapsing to the unigram model)")
     p.add_argument("--num-steps", type=_positive_int,
                    help=f"blocks of the stack (default {m.num_steps})")
     p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
@@ -92,8 +95,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-_MODEL_FIELDS = ("design", "weights", "norm_position", "num_steps", "num_anchors", "duration",
-                 "d_model", "n_heads", "d_head", "d_ff", "context")
+_MODEL_FIELDS = ("design", "weights", "norm_position", "head_bias", "num_steps", "num_anchors",
+                 "duration", "d_model", "n_heads", "d_head", "d_ff", "context")
 _TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
                  "checkpoint_every")
 

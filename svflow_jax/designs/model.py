@@ -22,9 +22,15 @@ natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y)
 
 * post-norm (default): ``y0 = R(e)``, ``R(y) = y / |y|``, with ``e`` the token plus position
   embedding; the field is projected (``P_y u``) and the solver stays on the sphere (its
-  retraction is the Norm); logits ``= rho y_T W_U``.
+  retraction is the Norm); logits ``= rho y_T W_U [+ b]``.
 * pre-norm: ``y0 = e / rho`` in ``R^d``; ``dy/dt = u_t(y / |y|)`` solved by the design's ambient
-  method; logits ``= rho R(y_T) W_U`` (the final Norm).
+  method; logits ``= rho R(y_T) W_U [+ b]`` (the final Norm).
+
+With ``head_bias`` the head has a bias ``b`` (``unembed_bias``), which the trainer starts at the
+log frequencies of the training tokens (:func:`svflow_jax.training.train`). Without it a
+post-norm stack fits the unigram distribution, the first thing a language model learns, by
+moving every token's state on the unit sphere to one point, and at learning rates of 1e-3 and
+above it stays there (collapse: ``docs/results/layer-designs.md``).
 
 The Euler post-norm design with per-layer weights and ``N = K`` IS the post-norm, parallel-block
 :class:`~svflow_jax.transformer.TransformerLM` with projected branches, RMSNorm without gain or
@@ -81,6 +87,7 @@ class DesignConfig:
         duration: the depth-time ``T``; the step is ``h = T / N``.
         norm_position: ``"post"`` (on the sphere) or ``"pre"``.
         init_std: std of the normal initialiser of every weight matrix.
+        head_bias: the head adds a bias ``unembed_bias (V,)`` to the logits (module docstring).
         remat: rematerialise every block in the backward pass.
     """
 
@@ -97,6 +104,7 @@ class DesignConfig:
     duration: float = 8.0
     norm_position: Literal["post", "pre"] = "post"
     init_std: float = 0.02
+    head_bias: bool = False
     remat: bool = True
 
     def __post_init__(self):
@@ -153,7 +161,7 @@ class SolverLM(nnx.Module):
     Parameters (``K`` anchors): ``embed (V, d)``, ``pos_embed (P, d)``, ``unembed (d, V)``,
     ``wq (K, d, H, k)``, ``wk``, ``wv (K, d, H, k)``, ``wo (K, H, k, d)``, ``w_in (K, d, f)``,
     ``w_out (K, f, d)``: the names and layouts of
-    :func:`svflow_jax.transformer.layer_params`.
+    :func:`svflow_jax.transformer.layer_params`; with ``head_bias`` also ``unembed_bias (V,)``.
     """
 
     def __init__(self, config: DesignConfig, *, rngs: nnx.Rngs):
@@ -168,6 +176,8 @@ class SolverLM(nnx.Module):
         self.wo = _normal(rngs, s, (K, c.n_heads, c.d_head, c.d_model))
         self.w_in = _normal(rngs, s, (K, c.d_model, c.d_ff))
         self.w_out = _normal(rngs, s, (K, c.d_ff, c.d_model))
+        self.unembed_bias = (nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32))
+                             if c.head_bias else None)
 
     # ---------------------------------------------------------------------------- the flow
 
@@ -218,18 +228,25 @@ class SolverLM(nnx.Module):
         """Logits from the final state (pre-norm: after the final Norm)."""
         if self.config.norm_position == "pre":
             y = sphere.retract(y)
-        return jnp.einsum("...nd,dv->...nv", self.config.radius * y, self.unembed[...])
+        logits = jnp.einsum("...nd,dv->...nv", self.config.radius * y, self.unembed[...])
+        return logits if self.unembed_bias is None else logits + self.unembed_bias[...]
+
+    def final_state(
+        self, tokens: Int[Array, "... n"], *, num_steps: int | None = None
+    ) -> Float[Array, "... n d"]:
+        """The state ``y_T`` the head reads (pre-norm: before the final Norm), after
+        ``num_steps`` blocks (default: the trained depth)."""
+        c = self.config
+        steps = c.num_steps if num_steps is None else num_steps
+        solver = c.layer_design.solver_for(c.norm_position)
+        return integrate(solver, self.terms(), self.initial_state(tokens), 0.0, c.duration,
+                         steps, remat=c.remat)
 
     def __call__(
         self, tokens: Int[Array, "... n"], *, num_steps: int | None = None
     ) -> Float[Array, "... n V"]:
         """Next-token logits ``(..., n, V)``; ``num_steps`` overrides the trained depth."""
-        c = self.config
-        steps = c.num_steps if num_steps is None else num_steps
-        solver = c.layer_design.solver_for(c.norm_position)
-        y = integrate(solver, self.terms(), self.initial_state(tokens), 0.0, c.duration, steps,
-                      remat=c.remat)
-        return self.head(y)
+        return self.head(self.final_state(tokens, num_steps=num_steps))
 
     # ---------------------------------------------------------------------------- bridge
 
@@ -246,7 +263,7 @@ class SolverLM(nnx.Module):
             d_ff=c.d_ff, norm_position=c.norm_position, block=block,
             residual_scale=c.duration / c.num_anchors, project_branches=post, norm="rms",
             norm_eps=0.0, norm_gain=False, causal=True, ffn="gelu", vocab_size=c.vocab_size,
-            n_positions=c.context, lm_head=True, tie_embeddings=False)
+            n_positions=c.context, lm_head=True, tie_embeddings=False, head_bias=c.head_bias)
 
     def to_transformer(self) -> TransformerLM:
         """A :class:`TransformerLM` holding this model's weights (see
@@ -264,6 +281,9 @@ class SolverLM(nnx.Module):
                          radius=c.radius)
         lm = nnx.eval_shape(lambda: TransformerLM(config, rngs=nnx.Rngs(0)))
         set_layer_params(lm.transformer, to_transformer_params(flow, config))
+        head = {"unembed": self.unembed[...]}
+        if self.unembed_bias is not None:
+            head["unembed_bias"] = self.unembed_bias[...]
         set_embedding_params(lm, {"embed": self.embed[...], "pos_embed": self.pos_embed[...],
-                                  "unembed": self.unembed[...]})
+                                  **head})
         return lm

@@ -9,6 +9,8 @@ nothing else; there is no second implementation.
   its folder) and measures it: final validation, depth transfer, adaptive depth.
 * :func:`depth_transfer`: a trained model evaluated at other numbers of blocks.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
+* :func:`token_collapse`: the mean cosine between the final token states of a sequence (1: every
+  token at one point, the head can only output one distribution).
 * :func:`throughput`: tokens/s of a training step and of a forward pass, for a design and for
   the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and compute.
 * :func:`gradient_memory`: XLA's temporary memory of the compiled gradient program against the
@@ -46,6 +48,8 @@ __all__ = [
     "run_design",
     "depth_transfer",
     "adaptive_depth",
+    "token_collapse",
+    "COLLAPSED",
     "throughput",
     "gradient_memory",
     "interval",
@@ -95,6 +99,27 @@ def depth_transfer(model: SolverLM, task, factors, eval_sequences: int) -> list[
         rows.append({"factor": f, "num_steps": steps,
                      "evaluations": evaluations(model.config.layer_design, steps), **metrics})
     return rows
+
+
+#: a run whose :func:`token_collapse` is at least this is reported as collapsed, not ranked
+COLLAPSED = 0.99
+
+
+def token_collapse(model: SolverLM, task, eval_sequences: int, batch_size: int = 32) -> float:
+    """Mean over validation sequences of the mean cosine between the final states of two
+    distinct tokens of the sequence, ``(sum_{i != j} cos(y_i, y_j)) / (n (n - 1))``, at the
+    trained depth. 1 means collapse: every position holds the same state, so the head predicts
+    one distribution whatever the context (the context-free, unigram loss); near 0 for the
+    independent directions of an untrained model."""
+    final = nnx.jit(lambda m, x: m.final_state(x))
+    values = []
+    for inputs, _, _ in task.eval_batches(eval_sequences, batch_size):
+        y = final(model, jnp.asarray(inputs))
+        u = y / jnp.linalg.norm(y, axis=-1, keepdims=True)
+        n = u.shape[-2]
+        total = jnp.sum(jnp.sum(u, axis=-2) ** 2, axis=-1)  # sum_{i,j} cos = |sum_i u_i|^2
+        values.append(np.asarray((total - n) / (n * (n - 1))))
+    return float(np.mean(np.concatenate(values)))
 
 
 def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,
@@ -207,6 +232,7 @@ def run_design(
         "parameters": count_parameters(result.model),
         "train_seconds": result.seconds, "history": result.history, "final": result.final,
         "transfer": depth_transfer(result.model, task, transfer_factors, n_eval),
+        "collapse": token_collapse(result.model, task, n_eval),
         "adaptive": adaptive_depth(result.model, task, rtols, n_eval)
         if rtols and get_design(design).adaptive is not None
         and config.model.weights != "per_layer" else [],

@@ -73,6 +73,12 @@ class AustenBytes:
         """Bits per character."""
         return mean_nll / math.log(2)
 
+    def log_prior(self) -> np.ndarray:
+        """``log p(v)`` of each byte in the training text, add-one smoothed: the logits of the
+        best context-free (unigram) model, ``(vocab_size,)`` float32."""
+        counts = np.bincount(self.text("train"), minlength=self.vocab_size) + 1.0
+        return np.log(counts / counts.sum()).astype(np.float32)
+
 
 @dataclasses.dataclass(frozen=True)
 class MultiHopRecall:
@@ -136,6 +142,14 @@ class MultiHopRecall:
 
     def score(self, mean_nll: float) -> float:
         return mean_nll
+
+    def log_prior(self) -> np.ndarray:
+        """``log p(v)`` of the scored targets: uniform over the answer alphabet (the values
+        when separate, else the symbols), add-one smoothed elsewhere; ``(vocab_size,)``."""
+        counts = np.ones(self.vocab_size)
+        shift = self.symbols if self.separate_values else 0
+        counts[shift:shift + self.symbols] += 1e6
+        return np.log(counts / counts.sum()).astype(np.float32)
 
 
 Task = AustenBytes | MultiHopRecall

@@ -5,7 +5,9 @@ stream and :func:`make_optimizer`, and runs the project's training loop
 (:func:`svflow_jax.training.loop.fit`: one jitted step, data-parallel sharding, orbax
 checkpoints with exact resume, append-only metrics). Float32 throughout; the initial weights
 and every batch are functions of the seed (and the step), so a run is reproducible, and a
-resumed run is the uninterrupted one (bit for bit on the same devices: tested).
+resumed run is the uninterrupted one (bit for bit on the same devices: tested). A model with
+a head bias (``DesignConfig.head_bias``) starts it at the task's log prior (``log_prior``), so
+the untrained model already predicts the unigram distribution.
 
 The loss is the mean next-token negative log-likelihood over the scored positions
 (:func:`svflow_jax.next_token.next_token_nll`). Every ``log_every`` steps a row (loss, gradient
@@ -286,8 +288,11 @@ def train(
             row["seconds"] = info.seconds()
         return row
 
+    model = SolverLM(config.model, rngs=nnx.Rngs(config.seed))
+    if model.unembed_bias is not None:  # the head starts as the unigram model
+        model.unembed_bias[...] = jnp.asarray(task.log_prior())
     result = fit(
-        SolverLM(config.model, rngs=nnx.Rngs(config.seed)), lm_loss, make_optimizer(config),
+        model, lm_loss, make_optimizer(config),
         lambda step: task.batch(config.seed, step, config.batch_size), config.steps, log=log,
         out=out, checkpoint_every=config.checkpoint_every, stop_after=stop_after,
         devices=devices, fingerprint={"design_source": design_source(config.model.design)},

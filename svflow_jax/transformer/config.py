@@ -201,6 +201,7 @@ class TransformerConfig:
         tie_embeddings: ``TransformerLM`` only: logits use the token embedding transposed.
         lm_head: ``TransformerLM`` only: produce logits; ``False``: the final hidden states
             (an encoder such as BERT's ``BertModel``).
+        head_bias: ``TransformerLM`` only: a bias ``unembed_bias (V,)`` added to the logits.
         dtype: computation dtype; ``None`` promotes the input with ``param_dtype``.
         param_dtype: dtype the parameters are stored in.
         init_std: standard deviation of the normal initialiser of every weight matrix.
@@ -240,6 +241,7 @@ class TransformerConfig:
     type_vocab_size: int | None = None
     tie_embeddings: bool = False
     lm_head: bool = True
+    head_bias: bool = False
     embed_scale: float = 1.0
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -294,7 +296,8 @@ class TransformerConfig:
             if self.d_head % 2:
                 raise ValueError(f"rope needs an even d_head, got {self.d_head}")
             self.rope.inv_freq(self.d_head)  # validates freq_factors against d_head
-        for name in ("use_bias", "qk_norm", "qk_stop_gradient", "tie_embeddings", "lm_head"):
+        for name in ("use_bias", "qk_norm", "qk_stop_gradient", "tie_embeddings", "lm_head",
+                     "head_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("qkv_bias", "out_bias", "ffn_bias", "norm_bias"):

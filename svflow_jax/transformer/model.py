@@ -581,7 +581,8 @@ class TransformerLM(nnx.Module):
     Embeddings: ``embed (V, d)`` indexed by the tokens, plus ``pos_embed (P, d)`` indexed by the
     positions (``n_positions``, learned absolute positions as in BERT) and ``type_embed (T, d)``
     indexed by the token types (``type_vocab_size``; absent types read row 0, as in BERT).
-    Head (``lm_head``): ``unembed (d, V)``, or ``embed`` transposed with ``tie_embeddings``.
+    Head (``lm_head``): ``unembed (d, V)``, or ``embed`` transposed with ``tie_embeddings``;
+    with ``head_bias`` plus ``unembed_bias (V,)``.
     Without ``lm_head`` the call returns the stack's output ``(..., n, d)``.
     """
 
@@ -597,6 +598,8 @@ class TransformerLM(nnx.Module):
         self.transformer = Transformer(config, rngs=rngs)
         separate_head = config.lm_head and not config.tie_embeddings
         self.unembed = _param(rngs, config, (d, config.vocab_size)) if separate_head else None
+        head_bias = config.lm_head and config.head_bias
+        self.unembed_bias = _zeros(config, (config.vocab_size,)) if head_bias else None
 
     def embeddings(
         self,
@@ -619,11 +622,15 @@ class TransformerLM(nnx.Module):
 
     def logits(self, x: Float[Array, "... n d"]) -> Float[Array, "... n V"]:
         """The LM head applied to (final-normed) hidden states."""
-        if self.unembed is not None:
-            return jnp.einsum("...nd,dv->...nv", x, _get(self.unembed, x))
         if not self.config.lm_head:
             raise ValueError("this TransformerLM has no LM head (config.lm_head=False)")
-        return jnp.einsum("...nd,vd->...nv", x, _get(self.embed, x))
+        if self.unembed is not None:
+            logits = jnp.einsum("...nd,dv->...nv", x, _get(self.unembed, x))
+        else:
+            logits = jnp.einsum("...nd,vd->...nv", x, _get(self.embed, x))
+        if self.unembed_bias is not None:
+            logits = logits + _get(self.unembed_bias, logits)
+        return logits
 
     def __call__(
         self,

@@ -39,7 +39,8 @@ Norm: ``input_norm_gain`` [``input_norm_bias``] (post-norm) or ``final_norm_gain
 
 ``embedding_params(lm)`` returns the ``TransformerLM``'s own arrays: ``embed (V, d)``,
 [``pos_embed (P, d)``] (``n_positions``), [``type_embed (T, d)``] (``type_vocab_size``),
-[``unembed (d, V)``] (``lm_head`` and not ``tie_embeddings``).
+[``unembed (d, V)``] (``lm_head`` and not ``tie_embeddings``), [``unembed_bias (V,)``]
+(``lm_head`` and ``head_bias``).
 
 The setters check names, shapes and dtypes strictly (no silent casting) and store the given
 arrays as they are, so a get/set round trip is bit-identical.
@@ -138,7 +139,7 @@ def set_outer_norm_params(model: Transformer, params: Mapping[str, Array]) -> No
     _set(_outer_vars(model), params, "outer_norm_params")
 
 
-_EMBEDDINGS = ("embed", "pos_embed", "type_embed", "unembed")
+_EMBEDDINGS = ("embed", "pos_embed", "type_embed", "unembed", "unembed_bias")
 
 
 def _embedding_vars(lm: TransformerLM) -> dict[str, nnx.Param]:
