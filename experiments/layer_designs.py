@@ -2,8 +2,8 @@
 
 Run::
 
-    python experiments/layer_designs.py [--part baseline|designs] [--out results/layer_designs]
-        [--quick] [--seeds 3]
+    python experiments/layer_designs.py [--part baseline|depth|designs]
+        [--out results/layer_designs] [--quick] [--seeds 3]
 
 ``--part baseline`` (about 45 minutes on 2 CPU cores) tunes and trains the baseline that
 ``svflow train`` runs by default (:mod:`svflow_jax.training.recipes`): a short learning-rate
@@ -11,8 +11,11 @@ sweep (each rate of ``LR_GRID`` for a fifth of the recipe's steps, on its own wa
 schedule), the full recipe at the recipe's rate (the report says whether the sweep agrees), and
 the recipe's model on two-hop and one-hop associative recall; it writes
 ``baseline/report.md``, ``baseline/results.json`` and ``baseline/curve.png`` (validation bits
-per character against minutes and tokens, with tokens per second). ``--part designs`` is the
-comparison below; without ``--part`` both run.
+per character against minutes and tokens, with tokens per second). ``--part depth`` asks
+whether a trained stack is a convergent discretisation of one flow (:func:`run_depth`: Euler and
+Heun with Chebyshev weights, trained at one depth or at two, evaluated at 1/2 to 8 times the
+blocks with Richardson ratios of the final states; ``depth/report.md``). ``--part designs`` is
+the comparison below; without ``--part`` all three run.
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
 language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
@@ -24,22 +27,34 @@ character) with the same
 * **parameters**: continuous-in-depth weights, ``K = 4`` anchors interpolated linearly on
   ``[0, T]``, ``T = 12`` (so the Euler block has the standard residual step ``h = 1``);
 * **training**: AdamW, warm-up + cosine, clipping, batch 16 x 64 bytes, the same batches for
-  every design at a given seed; at least 3 seeds each (intervals: 95% Student t over seeds).
+  every design at a given seed; at least 3 seeds each (intervals: 95% Student t over seeds);
+* **norm position**: every design post-norm (on the sphere) and pre-norm (the form real models
+  use) where it has that form (the rotation and geodesic designs are post-norm only); the head
+  has a bias started at the log unigram frequencies (``head_bias``: without it post-norm
+  stacks collapse, see ``docs/results/layer-designs.md``);
+* **learning rate** tuned per arm: each rate of ``lr_grid`` (1e-3, 3e-3, 1e-2) for
+  ``tune_steps`` (150) at seed 0; the arm trains at the rate with the lowest validation loss
+  among its runs that did not collapse.
+
+**Collapse** (the mean cosine between a sequence's final token states, per seed) is measured
+for every run; a seed at 0.99 or above is reported as collapsed and its arm is not ranked.
 
 Then each trained model is evaluated at 1/2, 2 and 4 times its number of blocks (**depth
 transfer**); the designs with an embedded error estimate (Heun, midpoint, RK4) are run with
 diffrax's PID controller at several tolerances (**adaptive depth**: evaluations per input
 against loss); and the training and inference throughput (tokens/s) of each design is measured
 next to a plain NNX TransformerLM of the same width with 12 layers (the same compute).
-A second, small task where depth matters (two-hop associative recall, accuracy) compares a
-subset of the designs.
+A second, small task where depth matters (two-hop associative recall, accuracy) compares the
+designs of ``recall_designs`` (none by default: no design learns it at this size, see
+``docs/results/baseline.md``).
 
 Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
-8 designs: 18 minutes on 2 CPU cores (measured; the target is 45). ``--quick`` (CI): ``d = 16``,
-two designs, 2 seeds, 12 steps, budget 4: under 2 minutes.
+8 designs in 14 arms (design x norm position), 42 tuning runs of 150 steps. ``--quick`` (CI):
+``d = 16``, two designs in both norm positions, 2 seeds, 12 steps, budget 4: under 2 minutes.
 
-Outputs in ``--out``: ``config.json``, ``runs/<task>/<design>-seed<k>/`` (each run's config,
-metrics, checkpoints, summary: an interrupted experiment resumes), ``results.json``,
+Outputs in ``--out``: ``config.json``, ``runs/tune/<design>-<norm>-lr<lr>/`` and
+``runs/austen/<design>-<norm>-seed<k>/`` (each run's config, metrics, checkpoints, summary: an
+interrupted experiment resumes), ``results.json``,
 ``table.csv``, ``report.md`` and PNG figures.
 """
 
@@ -64,21 +79,78 @@ DEFAULT = dict(
              "lie-trotter", "strang"],
     budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
     anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
-    rtols=[1e-1, 3e-2, 1e-2], recall_designs=["euler", "heun", "rk4", "strang"],
-    recall_steps=300, throughput_repeats=5, memory_depths=[2, 8, 32],
+    norms=["post", "pre"], head_bias=True, lr_grid=[1e-3, 3e-3, 1e-2], tune_steps=150,
+    rtols=[1e-1, 3e-2, 1e-2], recall_designs=[], recall_steps=300, throughput_repeats=5,
+    memory_depths=[2, 8, 32],
 )
 QUICK = dict(
     designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
     d_ff=32, context=16, anchors=2, duration=4.0, batch_size=8, eval_every=12,
-    eval_sequences=16, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
+    eval_sequences=16, norms=["post", "pre"], head_bias=True, lr_grid=[3e-3, 1e-2],
+    tune_steps=4, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
     throughput_repeats=2, memory_depths=[2, 8],
 )
+
+
+def arms(s) -> list[str]:
+    """``"<design> <norm>"`` for every design and norm position it has (the rotation and
+    geodesic designs have no pre-norm form)."""
+    from svflow_jax.designs import get_design
+
+    out = []
+    for design in s["designs"]:
+        for norm in s["norms"]:
+            try:
+                get_design(design).solver_for(norm)
+            except ValueError:
+                continue
+            out.append(f"{design} {norm}")
+    return out
+
+
+def arm_config(base, arm: str, lr: float | None = None):
+    """``base`` with the arm's norm position (and learning rate)."""
+    norm = arm.split()[1]
+    config = dataclasses.replace(base, model=base.model.replace(norm_position=norm))
+    return config if lr is None else dataclasses.replace(config, lr=lr)
+
+
+def tuned_lr(s, tuning: dict, arm: str) -> float:
+    """The grid's rate with the lowest validation loss after the short run, among the runs that
+    did not collapse (all collapsed: the lowest loss anyway; the report shows them)."""
+    from svflow_jax.training.compare import COLLAPSED
+
+    rows = []
+    for lr in s["lr_grid"]:
+        if (arm, lr) in tuning:
+            run = tuning[(arm, lr)]
+            bpc = run["final"].get("val_bpc", math.nan)
+            rows.append((not run["collapse"] < COLLAPSED, bpc if math.isfinite(bpc) else math.inf,
+                         lr))
+    return min(rows)[2]
+
+
+def tune_run(base, arm: str, lr: float, folder: Path, plan: dict, progress: bool) -> dict:
+    """One short run of the learning-rate sweep; a diverged run is recorded as such (and not
+    retried on resume)."""
+    from svflow_jax.training.compare import run_design
+    from svflow_jax.training.loop import TrainingDiverged
+
+    design = arm.split()[0]
+    try:
+        return run_design(arm_config(base, arm, lr), design, plan[design], 0, folder,
+                          transfer_factors=(), progress=progress)
+    except TrainingDiverged as err:
+        summary = {"design": design, "seed": 0, "final": {}, "collapse": math.nan,
+                   "diverged_at": err.step}
+        write_json(folder / "summary.json", summary)
+        return summary
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["baseline", "designs"],
+    p.add_argument("--part", choices=["baseline", "depth", "designs"],
                    help="run one part only (default: both)")
     p.add_argument("--out", default="results/layer_designs", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
@@ -129,7 +201,10 @@ def main(argv=None) -> int:
     if args.part in (None, "baseline") and not args.report_only:
         run_baseline(Path(args.out) / "baseline", quick=args.quick,
                      progress=not args.no_progress)
-    if args.part == "baseline":
+    if args.part in (None, "depth") and not args.report_only:
+        run_depth(Path(args.out) / "depth", s, DEPTH_QUICK if args.quick else DEPTH,
+                  progress=not args.no_progress)
+    if args.part in ("baseline", "depth"):
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,23 +220,46 @@ def main(argv=None) -> int:
 
     model = DesignConfig(d_model=s["d_model"], n_heads=s["n_heads"], d_head=s["d_head"],
                          d_ff=s["d_ff"], context=s["context"], weights="linear",
-                         num_anchors=s["anchors"], duration=s["duration"])
+                         num_anchors=s["anchors"], duration=s["duration"],
+                         head_bias=s["head_bias"])
     base = TrainConfig(model=model, task="austen", steps=s["steps"], batch_size=s["batch_size"],
                        warmup=max(1, s["steps"] // 20), eval_every=s["eval_every"],
                        eval_sequences=s["eval_sequences"], log_every=s["eval_every"])
+    tune_base = dataclasses.replace(base, steps=s["tune_steps"],
+                                    warmup=max(1, s["tune_steps"] // 20),
+                                    eval_every=s["tune_steps"], log_every=s["tune_steps"])
     plan = equal_compute_steps(s["designs"], s["budget"])
+    progress = not args.no_progress
+
+    def summary_or_none(folder: Path):
+        path = folder / "summary.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    tuning, lrs = {}, {}
+    for arm in arms(s):  # the learning rate per arm: each rate of the grid, seed 0, short run
+        for lr in s["lr_grid"]:
+            folder = out / "runs" / "tune" / f"{arm.replace(' ', '-')}-lr{lr:g}"
+            run = summary_or_none(folder)
+            if run is None and not args.report_only:
+                print(f"[{time.perf_counter() - start:6.0f}s] tune {arm} lr {lr:g}", flush=True)
+                run = tune_run(tune_base, arm, lr, folder, plan, progress)
+            if run is not None:
+                tuning[(arm, lr)] = run
+        if any(key[0] == arm for key in tuning):
+            lrs[arm] = tuned_lr(s, tuning, arm)
     runs = {}
-    for seed in range(s["seeds"]):  # seed-major: an interrupted run has every design at seed 0
-        for design in s["designs"]:
-            folder = out / "runs" / "austen" / f"{design}-seed{seed}"
-            if args.report_only:
-                if (folder / "summary.json").exists():
-                    runs[(design, seed)] = json.loads((folder / "summary.json").read_text())
-                continue
-            print(f"[{time.perf_counter() - start:6.0f}s] austen {design} seed {seed} "
-                  f"({plan[design]} blocks)", flush=True)
-            runs[(design, seed)] = run_design(base, design, plan[design], seed, folder,
-                                              rtols=s["rtols"], progress=not args.no_progress)
+    for seed in range(s["seeds"]):  # seed-major: an interrupted run has every arm at seed 0
+        for arm in lrs:
+            design = arm.split()[0]
+            folder = out / "runs" / "austen" / f"{arm.replace(' ', '-')}-seed{seed}"
+            run = summary_or_none(folder)
+            if run is None and not args.report_only:
+                print(f"[{time.perf_counter() - start:6.0f}s] austen {arm} seed {seed} "
+                      f"({plan[design]} blocks, lr {lrs[arm]:g})", flush=True)
+                run = run_design(arm_config(base, arm, lrs[arm]), design, plan[design], seed,
+                                 folder, rtols=s["rtols"], progress=progress)
+            if run is not None:
+                runs[(arm, seed)] = run
 
     recall_plan = equal_compute_steps(s["recall_designs"], s["budget"])
     recall_base = dataclasses.replace(base, task="recall", steps=s["recall_steps"],
@@ -188,9 +286,11 @@ def main(argv=None) -> int:
 
     speed = {}
     resolved = base.resolved().model
-    for design in s["designs"]:
-        m = SolverLM(resolved.replace(design=design, num_steps=plan[design]), rngs=nnx.Rngs(0))
-        speed[design] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
+    for arm in lrs:
+        design, norm = arm.split()
+        m = SolverLM(resolved.replace(design=design, num_steps=plan[design], norm_position=norm),
+                     rngs=nnx.Rngs(0))
+        speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
     plain = plain_transformer(resolved, int(s["budget"]))
     speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
                                       s["throughput_repeats"])
@@ -201,7 +301,7 @@ def main(argv=None) -> int:
                                               s["designs"][0]),
                              s["memory_depths"], s["batch_size"])
 
-    results = summarise(s, plan, runs, recall, speed, interval)
+    results = summarise(s, plan, runs, recall, speed, interval, lrs, tuning)
     results["gradient_memory"] = {"design": "rk4" if "rk4" in plan else s["designs"][0],
                                   **memory}
     results["seconds"] = time.perf_counter() - start
@@ -212,6 +312,108 @@ def main(argv=None) -> int:
     write_report(out, s, results)
     print(f"[{results['seconds']:6.0f}s] wrote {out / 'report.md'}", flush=True)
     return 0
+
+
+# ---------------------------------------------------------------------------- depth
+
+
+#: the depth part: weights smooth in depth (Chebyshev path through the anchors), trained at
+#: the budget's blocks N alone ("one depth") or at N and ``extra`` N at once ("two depths",
+#: TrainConfig.extra_depths), then run at other block counts
+DEPTH = dict(designs=["euler", "heun"], norm="post", seeds=3, steps=400, lr=3e-3, extra=2,
+             factors=[0.5, 2.0, 4.0, 8.0], multiples=[1, 2, 4, 8])
+DEPTH_QUICK = dict(designs=["euler"], norm="post", seeds=2, steps=6, lr=3e-3, extra=2,
+                   factors=[0.5, 2.0], multiples=[1, 2, 4])
+
+
+def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
+    """Is a trained stack a convergent discretisation of one flow? Each design of ``d`` with
+    Chebyshev weights, trained at one depth and at two, then: validation at ``factors`` times
+    the blocks, and the Richardson ratios of its final states at ``multiples`` (``2^p`` for a
+    discretisation of order ``p``). Writes ``results.json`` and ``report.md`` in ``out``."""
+    from svflow_jax.designs import DesignConfig, get_design
+    from svflow_jax.training import TrainConfig
+    from svflow_jax.training.compare import equal_compute_steps, interval, run_design
+
+    start = time.perf_counter()
+    plan = equal_compute_steps(d["designs"], s["budget"])
+    model = DesignConfig(d_model=s["d_model"], n_heads=s["n_heads"], d_head=s["d_head"],
+                         d_ff=s["d_ff"], context=s["context"], weights="chebyshev",
+                         num_anchors=s["anchors"], duration=s["duration"],
+                         norm_position=d["norm"], head_bias=s["head_bias"])
+    base = TrainConfig(model=model, task="austen", steps=d["steps"], batch_size=s["batch_size"],
+                       lr=d["lr"], warmup=max(1, d["steps"] // 20), eval_every=s["eval_every"],
+                       eval_sequences=s["eval_sequences"], log_every=s["eval_every"])
+    arms = (("one depth", 0), (f"depths N and {d['extra']}N", d["extra"]))
+    runs = {}
+    for seed in range(d["seeds"]):
+        for design in d["designs"]:
+            n = plan[design]
+            for arm, extra in arms:
+                folder = out / f"{design}-{'one' if not extra else 'two'}-seed{seed}"
+                print(f"[{time.perf_counter() - start:6.0f}s] depth {design} {arm} seed {seed}",
+                      flush=True)
+                config = dataclasses.replace(base, extra_depths=(extra * n,) if extra else ())
+                runs[(design, arm, seed)] = run_design(
+                    config, design, n, seed, folder, transfer_factors=d["factors"],
+                    richardson_multiples=d["multiples"], progress=progress)
+    rows = []
+    for design in d["designs"]:
+        for arm, _ in arms:
+            seeds = [runs[(design, arm, k)] for k in range(d["seeds"])]
+            one = [r["final"]["val_bpc"] for r in seeds]
+            at = {"1": interval(one)}
+            change = {}
+            for i, f in enumerate(d["factors"]):
+                vals = [r["transfer"][i]["bpc"] for r in seeds]
+                at[f"{f:g}"] = interval(vals)
+                change[f"{f:g}"] = interval([100 * (v / o - 1) for v, o in zip(vals, one,
+                                                                                strict=True)])
+            ratios = np.array([r["richardson"]["ratios"] for r in seeds])
+            rows.append({"design": design, "arm": arm, "blocks": plan[design],
+                         "order": get_design(design).order, "val_bpc": at,
+                         "change_percent": change,
+                         "richardson_ratios": [interval(ratios[:, j])
+                                               for j in range(ratios.shape[1])],
+                         "collapse": [r["collapse"] for r in seeds],
+                         "train_seconds": interval([r["train_seconds"] for r in seeds])})
+    results = {"settings": {**d, "budget": s["budget"]}, "rows": rows,
+               "seconds": time.perf_counter() - start}
+    write_json(out / "results.json", results)
+    _depth_report(out, s, d, results)
+    return results
+
+
+def _depth_report(out: Path, s: dict, d: dict, results: dict) -> None:
+    m = d["multiples"]
+    lines = [
+        "# A trained stack as a discretisation of its flow", "",
+        f"Width {s['d_model']}, Chebyshev weights through {s['anchors']} anchors on [0, "
+        f"{s['duration']:g}], {d['norm']}-norm, head bias {'on' if s['head_bias'] else 'off'}, "
+        f"{d['steps']} AdamW steps at peak {d['lr']:g}, {d['seeds']} seeds (95% Student t "
+        f"intervals). Trained at N blocks (the budget of {s['budget']} evaluations), or at N and "
+        f"{d['extra']}N at once (the loss is their mean: {1 + d['extra']} times the training "
+        f"compute). Validation bits per character at multiples of N, its change against N in "
+        f"percent, and the Richardson ratios e_k / e_(k+1) of the final states, e_k = RMS "
+        f"|y(m_k N) - y(m_(k+1) N)| over m = {', '.join(f'{v:g}' for v in m)}: a convergent "
+        f"discretisation of order p has ratios near 2^p. Run time {results['seconds']:.0f} s.",
+        "",
+        "| design (order) | training | N | " + " | ".join(
+            f"bpc at {f:g}N (change)" for f in [1.0, *d["factors"]]) + " | Richardson ratios | "
+        "final-state cosine | train s |",
+        "|---|---|---|" + "---|" * (len(d["factors"]) + 1) + "---|---|---|",
+    ]
+    for r in results["rows"]:
+        cells = [_fmt(r["val_bpc"]["1"])]
+        for f in d["factors"]:
+            key = f"{f:g}"
+            cells.append(f"{_fmt(r['val_bpc'][key])} ({r['change_percent'][key][0]:+.1f}%)")
+        ratios = ", ".join(_fmt(x, 2) for x in r["richardson_ratios"])
+        cosine = " ".join(f"{c:.2f}" for c in r["collapse"])
+        lines.append(f"| {r['design']} ({r['order']}) | {r['arm']} | {r['blocks']} | "
+                     + " | ".join(cells) + f" | {ratios} | {cosine} | "
+                     f"{r['train_seconds'][0]:.0f} |")
+    write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------------------- the baseline
@@ -348,12 +550,13 @@ def _baseline_report(out: Path, results: dict) -> None:
     write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
-def summarise(s, plan, runs, recall, speed, interval) -> dict:
+def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
     from svflow_jax.training.compare import COLLAPSED
 
     rows = []
-    for design in s["designs"]:
-        seeds = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
+    for arm in lrs:
+        design = arm.split()[0]
+        seeds = [runs[(arm, k)] for k in range(s["seeds"]) if (arm, k) in runs]
         if not seeds:
             continue
         bpc = interval([r["final"]["val_bpc"] for r in seeds])
@@ -370,13 +573,18 @@ def summarise(s, plan, runs, recall, speed, interval) -> dict:
                              "all_finished": all(r["adaptive"][i]["all_finished"]
                                                  for r in seeds)})
         collapse = [r.get("collapse", math.nan) for r in seeds]
-        rows.append({"design": design, "blocks": plan[design], "seeds": len(seeds),
+        sweep = {f"{lr:g}": {"val_bpc": tuning[(arm, lr)]["final"].get("val_bpc", math.nan),
+                             "collapse": tuning[(arm, lr)]["collapse"],
+                             "diverged_at": tuning[(arm, lr)].get("diverged_at")}
+                 for lr in s["lr_grid"] if (arm, lr) in tuning}
+        rows.append({"design": arm, "blocks": plan[design], "seeds": len(seeds),
+                     "lr": lrs[arm], "lr_sweep": sweep,
                      "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
                      "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
                      "collapse": collapse,
                      "collapsed": sum(c >= COLLAPSED for c in collapse),
                      "train_seconds": interval([r["train_seconds"] for r in seeds]),
-                     **speed[design]})
+                     **speed[arm]})
     recall_rows = []
     for design in s["recall_designs"]:
         seeds = [recall[(design, k)] for k in range(s["seeds"]) if (design, k) in recall]
@@ -410,8 +618,10 @@ def write_table(out: Path, results: dict) -> None:
         {"design": r["design"], "blocks": r["blocks"], "evaluations": r["evaluations"],
          "parameters": r["parameters"], "val_bpc_mean": r["val_bpc"][0],
          "val_bpc_halfwidth95": r["val_bpc"][1],
+         "lr": r["lr"],
          "final_state_cosine_per_seed": " ".join(f"{c:.3f}" for c in r["collapse"]),
          "collapsed_seeds": r["collapsed"], "transfer": _transfer_words(r),
+         "train_seconds_mean": round(r["train_seconds"][0], 1),
          "train_tokens_per_s": round(r["train_tokens_per_s"]),
          "inference_tokens_per_s": round(r["inference_tokens_per_s"])}
         for r in results["austen"]])
@@ -425,8 +635,9 @@ def figures(out: Path, s, runs, interval) -> None:
 
     from svflow_jax.reporting import save_figure
 
+    labels = list(dict.fromkeys(key[0] for key in runs))  # the arms, in run order
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for design in s["designs"]:
+    for design in labels:
         keys = [(design, k) for k in range(s["seeds"]) if (design, k) in runs]
         if not keys:
             continue
@@ -449,7 +660,7 @@ def figures(out: Path, s, runs, interval) -> None:
     save_figure(fig, out / "validation_curves.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for design in s["designs"]:
+    for design in labels:
         rows = [runs[(design, k)] for k in range(s["seeds"]) if (design, k) in runs]
         if not rows:
             continue
@@ -466,7 +677,7 @@ def figures(out: Path, s, runs, interval) -> None:
     save_figure(fig, out / "depth_transfer.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for design in s["designs"]:
+    for design in labels:
         a = runs[(design, 0)]["adaptive"] if (design, 0) in runs else []
         for row in a:
             ax.scatter(row["per_input_evaluations"], np.array(row["per_input_loss"]) / np.log(2),
@@ -489,16 +700,21 @@ def write_report(out: Path, s, results) -> None:
         f"Width {s['d_model']}, {s['n_heads']} heads of {s['d_head']}, FFN {s['d_ff']}, "
         f"context {s['context']}, {s['anchors']} weight anchors (linear in depth on "
         f"[0, {s['duration']:g}]), {s['steps']} AdamW steps of {s['batch_size']} sequences, "
-        f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass. Intervals: "
-        f"95% Student t over seeds. Total run time {results['seconds']:.0f} s.",
+        f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass; head bias "
+        f"{'on' if s['head_bias'] else 'off'}. Every design in each norm position it has "
+        f"(post-norm: on the sphere; pre-norm: the form real models use), each at its own peak "
+        f"learning rate: the best of {', '.join(f'{v:g}' for v in s['lr_grid'])} after "
+        f"{s['tune_steps']} steps at seed 0. Intervals: 95% Student t over seeds. Total run "
+        f"time {results['seconds']:.0f} s.",
         "",
         f"Collapse: the mean cosine between a sequence's final token states, per seed; a "
         f"seed at {COLLAPSED} or above has collapsed (every token at one point) and its "
-        f"design is not ranked.",
+        f"design is not ranked. Wall-clock: mean seconds of a training run (same steps).",
         "",
-        "| design | blocks | evaluations | parameters | seeds | val. bits/char | final-state "
-        "cosine per seed | depth transfer (bits/char at blocks) | train tok/s | inference tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| design | blocks | evaluations | parameters | peak lr | seeds | val. bits/char | "
+        "final-state cosine per seed | depth transfer (bits/char at blocks) | train s | "
+        "train tok/s | inference tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["austen"]:
         bpc = _fmt(r["val_bpc"])
@@ -506,16 +722,37 @@ def write_report(out: Path, s, results) -> None:
             bpc = f"collapsed ({r['collapsed']} of {r['seeds']} seeds): {bpc}"
         cosines = " ".join(f"{c:.2f}" for c in r["collapse"])
         lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
-                     f"{r['parameters']} | {r['seeds']} | {bpc} | {cosines} | "
-                     f"{_transfer_words(r)} | "
+                     f"{r['parameters']} | {r['lr']:g} | {r['seeds']} | {bpc} | {cosines} | "
+                     f"{_transfer_words(r)} | {r['train_seconds'][0]:.0f} | "
                      f"{r['train_tokens_per_s']:.0f} | {r['inference_tokens_per_s']:.0f} |")
     t = results["transformer"]
     lines += [
         f"| plain NNX TransformerLM ({s['budget']} layers) | {s['budget']} | {s['budget']} | "
-        f"{t['parameters']} | - | - | - | - | {t['train_tokens_per_s']:.0f} | "
+        f"{t['parameters']} | - | - | - | - | - | - | {t['train_tokens_per_s']:.0f} | "
         f"{t['inference_tokens_per_s']:.0f} |",
         "",
         "![validation curves](validation_curves.png)",
+        "",
+        f"## Learning-rate sweep ({s['tune_steps']} steps, seed 0)",
+        "",
+        "Validation bits per character (final-state cosine) at each peak learning rate; the "
+        "chosen rate is the lowest loss among the runs that did not collapse.",
+        "",
+        "| design | " + " | ".join(f"{v:g}" for v in s["lr_grid"]) + " |",
+        "|---|" + "---|" * len(s["lr_grid"]),
+    ]
+    for r in results["austen"]:
+        cells = []
+        for v in s["lr_grid"]:
+            t = r["lr_sweep"].get(f"{v:g}")
+            if t is None:
+                cells.append("-")
+            elif t["diverged_at"] is not None:
+                cells.append(f"diverged at step {t['diverged_at']}")
+            else:
+                cells.append(f"{t['val_bpc']:.3f} ({t['collapse']:.2f})")
+        lines.append(f"| {r['design']} | " + " | ".join(cells) + " |")
+    lines += [
         "",
         "## Adaptive depth",
         "",

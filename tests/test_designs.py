@@ -8,6 +8,7 @@ own Heun and midpoint methods, and a hand-written midpoint step.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import ClassVar
 
@@ -246,3 +247,52 @@ def test_head_bias_starts_at_the_log_prior_of_the_training_text():
     logits = model(jnp.asarray(task.batch(0, 0, 2)[0]))
     np.testing.assert_allclose(logits, np.broadcast_to(expected, logits.shape), atol=1e-5)
     assert SolverLM(SMALL, rngs=nnx.Rngs(0)).unembed_bias is None  # off by default
+
+
+@pytest.mark.parametrize(("design", "order", "multiples"),
+                         [("euler", 1, (2, 4, 8, 16)), ("heun", 2, (2, 4, 8, 16)),
+                          ("rk4", 4, (1, 2, 4))])  # RK4 reaches float32 round-off past 16 blocks
+def test_richardson_ratios_of_a_smooth_flow_are_two_to_the_order(design, order, multiples):
+    """Weights smooth in depth (Chebyshev path), untrained: the stack discretises one flow, so
+    the differences between the final states at N, 2N, 4N, ... blocks shrink by 2^p for a
+    method of order p (Richardson), post-norm and pre-norm."""
+    from svflow_jax.training.compare import richardson
+    from svflow_jax.training.tasks import AustenBytes
+
+    task = AustenBytes(context=12)
+    for norm in ("post", "pre"):
+        config = SMALL.replace(design=design, weights="chebyshev", norm_position=norm,
+                               num_steps=4, init_std=0.1)
+        model = SolverLM(config, rngs=nnx.Rngs(3))
+        r = richardson(model, task, multiples=multiples, eval_sequences=4, batch_size=4)
+        assert len(r["differences"]) == len(multiples) - 1
+        assert all(d > 0 for d in r["differences"])
+        # the finest ratio within 15% of 2^p (the coarser ones approach it from either side)
+        assert r["ratios"][-1] == pytest.approx(2.0 ** order, rel=0.15), (norm, r["ratios"])
+
+
+def test_training_at_several_depths_takes_the_mean_loss():
+    """``extra_depths``: the first logged loss (before any update) is the mean of the
+    model's next-token NLL at its own depth and at the extra ones, each computed here from the
+    logits; per-layer weights are refused; the setting survives config.json."""
+    from svflow_jax.training import TrainConfig, train
+    from svflow_jax.training.tasks import AustenBytes
+
+    model = SMALL.replace(weights="chebyshev", context=8, init_std=0.1)
+    config = TrainConfig(model=model, steps=1, batch_size=2, lr=1e-3, warmup=0, eval_every=0,
+                         log_every=1, extra_depths=(6, 12))
+    result = train(config, None, progress=False)
+    first = SolverLM(result.config.model, rngs=nnx.Rngs(config.seed))  # the initial weights
+    inputs, targets, _ = AustenBytes(context=8).batch(config.seed, 0, 2)
+    nll = []
+    for n in (3, 6, 12):
+        logp = jax.nn.log_softmax(np.asarray(first(jnp.asarray(inputs), num_steps=n),
+                                             np.float64), axis=-1)
+        nll.append(-np.mean(np.take_along_axis(np.asarray(logp), targets[..., None], -1)))
+    assert len({round(v, 4) for v in nll}) == 3  # the depths differ: the mean means something
+    assert result.history[0]["loss"] == pytest.approx(np.mean(nll), rel=1e-5)
+    assert TrainConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    with pytest.raises(ValueError, match="continuous in depth"):
+        TrainConfig(model=SMALL, extra_depths=(6,))
+    with pytest.raises(ValueError, match="positive ints"):
+        TrainConfig(model=model, extra_depths=(0,))

@@ -34,12 +34,21 @@ def test_quick_experiment_writes_the_report(tmp_path):
     rows = {r["design"]: r for r in results["austen"]}
     runs = [json.loads(path.read_text()) for path in (out / "runs").glob("*/*/summary.json")]
     assert runs and all(r["environment"]["cpu_count"] == os.cpu_count() for r in runs)
-    assert set(rows) == {"euler", "heun"}
+    assert list(rows) == ["euler post", "euler pre", "heun post", "heun pre"]  # both norms
     budget = results["settings"]["budget"]
     # equal compute and equal parameters, by construction and by count
     assert {r["evaluations"] for r in rows.values()} == {budget}
-    assert rows["euler"]["blocks"] == 2 * rows["heun"]["blocks"]
+    assert rows["euler pre"]["blocks"] == 2 * rows["heun pre"]["blocks"]
     assert len({r["parameters"] for r in rows.values()}) == 1
+    # each arm at the grid's rate with the lowest loss of its short run (none collapses here)
+    grid = results["settings"]["lr_grid"]
+    for r in rows.values():
+        sweep = r["lr_sweep"]
+        assert list(sweep) == [f"{v:g}" for v in grid]
+        assert r["lr"] == min(grid, key=lambda v: sweep[f"{v:g}"]["val_bpc"])
+    tuned = json.loads((out / "runs" / "tune" / "heun-pre-lr0.01" / "config.json").read_text())
+    assert tuned["model"]["norm_position"] == "pre" and tuned["lr"] == 0.01
+    assert tuned["model"]["head_bias"] is True
     for r in rows.values():
         mean, half = r["val_bpc"]
         assert 0 < mean < 8.5 and math.isfinite(half)  # below log2(256) + a margin, 2 seeds
@@ -48,19 +57,21 @@ def test_quick_experiment_writes_the_report(tmp_path):
         assert r["train_tokens_per_s"] > 0 and r["inference_tokens_per_s"] > 0
         assert len(r["collapse"]) == 2 and all(-1 <= c <= 1 for c in r["collapse"])
         assert r["collapsed"] == sum(c >= 0.99 for c in r["collapse"])
-    adaptive = rows["heun"]["adaptive"]
+    adaptive = rows["heun post"]["adaptive"]
     assert adaptive and adaptive[0]["all_finished"] and adaptive[0]["evaluations"][0] >= 2
-    assert rows["euler"]["adaptive"] == []  # no embedded error estimate
+    assert rows["euler post"]["adaptive"] == []  # no embedded error estimate
+    assert rows["heun pre"]["adaptive"] == []  # adaptive depth is on the sphere only
     assert 0 <= results["recall"][0]["accuracy"][0] <= 1
     memory = results["gradient_memory"]  # per added block: only the state with remat
     assert memory["remat"][1] - memory["remat"][0] < memory["no_remat"][1] - memory["no_remat"][0]
     report = (out / "report.md").read_text()
-    assert "| euler | 4 | 4 |" in report and "plain NNX TransformerLM" in report
+    assert "| euler post | 4 | 4 |" in report and "plain NNX TransformerLM" in report
+    assert "## Learning-rate sweep" in report
     for name in ("validation_curves.png", "depth_transfer.png", "adaptive_depth.png"):
         assert (out / name).stat().st_size > 1000
     with open(out / "table.csv") as f:
         table = list(csv.DictReader(f))
-    assert [row["design"] for row in table] == ["euler", "heun"]
+    assert [row["design"] for row in table] == list(rows)
     assert all(len(row["final_state_cosine_per_seed"].split()) == 2 for row in table)
 
 
@@ -93,3 +104,24 @@ def test_quick_baseline_part(tmp_path):
                        "--no-progress")
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((base / "results.json").read_text())["final_bpc"] == results["final_bpc"]
+
+
+def test_quick_depth_part(tmp_path):
+    """``--part depth --quick``: Chebyshev weights trained at one depth and at two, evaluated at
+    other depths with Richardson ratios; nothing of the other parts is written."""
+    out = tmp_path / "ld"
+    proc = run_script("layer_designs.py", "--quick", "--part", "depth", "--out", str(out),
+                      "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "baseline").exists() and not (out / "results.json").exists()
+    results = json.loads((out / "depth" / "results.json").read_text())
+    rows = results["rows"]
+    assert [(r["design"], r["arm"]) for r in rows] == [("euler", "one depth"),
+                                                       ("euler", "depths N and 2N")]
+    multiples = results["settings"]["multiples"]
+    for r in rows:
+        assert len(r["richardson_ratios"]) == len(multiples) - 2
+        assert set(r["val_bpc"]) == {"1", "0.5", "2"} and r["order"] == 1
+    two = json.loads((out / "depth" / "euler-two-seed0" / "config.json").read_text())
+    assert two["extra_depths"] == [2 * rows[0]["blocks"]] and two["model"]["weights"] == "chebyshev"
+    assert "Richardson ratios" in (out / "depth" / "report.md").read_text()

@@ -8,6 +8,9 @@ nothing else; there is no second implementation.
 * :func:`run_design`: trains one design at one seed (resumable: a finished run is read back from
   its folder) and measures it: final validation, depth transfer, adaptive depth.
 * :func:`depth_transfer`: a trained model evaluated at other numbers of blocks.
+* :func:`richardson`: the differences between the final states at ``N, 2N, 4N, ...`` blocks and
+  their ratios, which tend to ``2^p`` for a stack that discretises one flow with a method of
+  order ``p``.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
 * :func:`token_collapse`: the mean cosine between the final token states of a sequence (1: every
   token at one point, the head can only output one distribution).
@@ -47,6 +50,7 @@ __all__ = [
     "count_parameters",
     "run_design",
     "depth_transfer",
+    "richardson",
     "adaptive_depth",
     "token_collapse",
     "COLLAPSED",
@@ -120,6 +124,33 @@ def token_collapse(model: SolverLM, task, eval_sequences: int, batch_size: int =
         total = jnp.sum(jnp.sum(u, axis=-2) ** 2, axis=-1)  # sum_{i,j} cos = |sum_i u_i|^2
         values.append(np.asarray((total - n) / (n * (n - 1))))
     return float(np.mean(np.concatenate(values)))
+
+
+def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences: int = 32,
+               batch_size: int = 32) -> dict[str, list[float]]:
+    """The final states (what the head reads: after the final Norm for pre-norm) at ``m N``
+    blocks for each multiple ``m`` of the trained ``N``, on validation sequences; ``differences``
+    ``e_k = RMS_tokens |y_{m_k N} - y_{m_{k+1} N}|`` and ``ratios`` ``e_k / e_{k+1}``. For a
+    stack that is a convergent discretisation of one flow by a method of order ``p``, and
+    multiples that double, the ratios tend to ``2^p`` (Richardson); for a model whose blocks do
+    not discretise a flow they do not."""
+    n = model.config.num_steps
+    post = model.config.norm_position == "post"
+
+    @nnx.jit(static_argnums=2)
+    def final(m, x, steps):
+        y = m.final_state(x, num_steps=steps)
+        return y if post else y / jnp.linalg.norm(y, axis=-1, keepdims=True)
+
+    states = []
+    for mult in multiples:
+        ys = [np.asarray(final(model, jnp.asarray(inputs), int(mult * n)), np.float64)
+              for inputs, _, _ in task.eval_batches(eval_sequences, batch_size)]
+        states.append(np.concatenate(ys))
+    diffs = [float(np.sqrt(np.mean(np.sum((a - b) ** 2, axis=-1))))
+             for a, b in zip(states[:-1], states[1:], strict=True)]
+    ratios = [a / b if b > 0 else math.inf for a, b in zip(diffs[:-1], diffs[1:], strict=True)]
+    return {"multiples": [float(m) for m in multiples], "differences": diffs, "ratios": ratios}
 
 
 def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,
@@ -213,10 +244,12 @@ def plain_transformer(config: DesignConfig, layers: int, seed: int = 0) -> Trans
 def run_design(
     base: TrainConfig, design: str, num_steps: int, seed: int, out: Path, *,
     transfer_factors=(0.5, 2.0, 4.0), rtols=(), eval_sequences: int | None = None,
-    progress: bool = False,
+    richardson_multiples=(), progress: bool = False,
 ) -> dict[str, Any]:
-    """Trains ``design`` with ``num_steps`` blocks at ``seed`` into ``out`` and measures it.
-    A finished run (``out/summary.json``) is read back instead; an interrupted one resumes."""
+    """Trains ``design`` with ``num_steps`` blocks at ``seed`` into ``out`` and measures it
+    (final validation, :func:`depth_transfer`, :func:`token_collapse`, :func:`adaptive_depth`
+    at ``rtols``, :func:`richardson` at ``richardson_multiples``). A finished run
+    (``out/summary.json``) is read back instead; an interrupted one resumes."""
     summary_path = Path(out) / "summary.json"
     if summary_path.exists():
         return json.loads(summary_path.read_text())
@@ -233,9 +266,12 @@ def run_design(
         "train_seconds": result.seconds, "history": result.history, "final": result.final,
         "transfer": depth_transfer(result.model, task, transfer_factors, n_eval),
         "collapse": token_collapse(result.model, task, n_eval),
+        "richardson": richardson(result.model, task, richardson_multiples, n_eval)
+        if richardson_multiples else None,
         "adaptive": adaptive_depth(result.model, task, rtols, n_eval)
         if rtols and get_design(design).adaptive is not None
-        and config.model.weights != "per_layer" else [],
+        and config.model.weights != "per_layer" and config.model.norm_position == "post"
+        else [],
         "environment": environment(),
     }
     atomic.write_json(summary_path, summary, indent=None)

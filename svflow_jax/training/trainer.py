@@ -48,7 +48,7 @@ from .loop import StepInfo, fit, optimizer, schedule
 from .tasks import get_task
 
 __all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count",
-           "lm_loss", "design_source"]
+           "lm_loss", "depths_loss", "design_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,10 @@ class TrainConfig:
         schedule_steps: length of the warm-up + cosine schedule (``None``: ``steps``). A
             finished run extended to more ``steps`` keeps its schedule's length: the extra
             steps run at the final learning rate ``lr * final_lr_fraction``.
+        extra_depths: block counts at which the loss is also taken: the training loss is the
+            mean over the model's ``num_steps`` and these (:func:`depths_loss`), so the same
+            weights must work at every one of them, as a discretisation of one flow does
+            (continuous-in-depth weights). Each costs a forward and backward pass.
     """
 
     model: DesignConfig = DesignConfig()
@@ -88,8 +92,17 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 0
     schedule_steps: int | None = None
+    extra_depths: tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "extra_depths", tuple(self.extra_depths))  # from JSON lists
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                   for n in self.extra_depths):
+            raise ValueError(f"TrainConfig.extra_depths must be positive ints, got "
+                             f"{self.extra_depths!r}")
+        if self.extra_depths and self.model.weights == "per_layer":
+            raise ValueError("extra_depths needs weights continuous in depth ('linear' or "
+                             "'chebyshev'): per-layer weights change with the block count")
         for name in ("steps", "batch_size", "eval_sequences", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -165,6 +178,15 @@ def loss_and_count(model: SolverLM, inputs, targets, weights, num_steps=None):
 def lm_loss(model: nnx.Module, inputs, targets, weights) -> tuple[jax.Array, None]:
     """The training loss of a language model: the weighted mean next-token NLL (nats)."""
     return weighted_mean(next_token_nll(model(inputs), targets), weights), None
+
+
+def depths_loss(model: SolverLM, inputs, targets, weights, *, depths: tuple[int | None, ...]
+                ) -> tuple[jax.Array, None]:
+    """The mean over ``depths`` (block counts; ``None``: the trained one) of :func:`lm_loss`
+    with the stack run at that depth."""
+    losses = [weighted_mean(next_token_nll(model(inputs, num_steps=n), targets), weights)
+              for n in depths]
+    return sum(losses) / len(losses), None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
@@ -292,7 +314,8 @@ def train(
     if model.unembed_bias is not None:  # the head starts as the unigram model
         model.unembed_bias[...] = jnp.asarray(task.log_prior())
     result = fit(
-        model, lm_loss, make_optimizer(config),
+        model, (functools.partial(depths_loss, depths=(None, *config.extra_depths))
+                if config.extra_depths else lm_loss), make_optimizer(config),
         lambda step: task.batch(config.seed, step, config.batch_size), config.steps, log=log,
         out=out, checkpoint_every=config.checkpoint_every, stop_after=stop_after,
         devices=devices, fingerprint={"design_source": design_source(config.model.design)},
