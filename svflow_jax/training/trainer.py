@@ -186,7 +186,7 @@ def depths_loss(model: SolverLM, inputs, targets, weights, *, depths: tuple[int 
     with the stack run at that depth."""
     losses = [weighted_mean(next_token_nll(model(inputs, num_steps=n), targets), weights)
               for n in depths]
-    return sum(losses) / len(losses), None
+    return jnp.mean(jnp.stack(losses)), None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
