@@ -155,6 +155,9 @@ def test_svflow_train_runs_the_recipe_by_default(capsys):
         MODEL["d_model"], BASELINE["steps"], BASELINE["lr"])
     recall = config_from_args(parser.parse_args(["train", "--task", "recall1", "--lr", "1e-2"]))
     assert recall.task == "recall1" and recall.steps == RECALL["steps"] and recall.lr == 1e-2
+    # the recall recipe's model starts at the scale d^(-1/2) (the Austen recipe's at 0.02)
+    assert recall.model.init_std == pytest.approx(MODEL["d_model"] ** -0.5, rel=1e-3)
+    assert config.model.init_std == 0.02
     with pytest.raises(SystemExit, match="^0$"):
         parser.parse_args(["train", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
