@@ -344,16 +344,23 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
     base = TrainConfig(model=model, task="austen", steps=d["steps"], batch_size=s["batch_size"],
                        lr=d["lr"], warmup=max(1, d["steps"] // 20), eval_every=s["eval_every"],
                        eval_sequences=s["eval_sequences"], log_every=s["eval_every"])
-    arms = (("one depth", 0), (f"depths N and {d['extra']}N", d["extra"]))
+    # extra depth multiple per arm; None: the per-layer baseline (N layers of their own weights)
+    arms = (("one depth", 0), (f"depths N and {d['extra']}N", d["extra"]),
+            ("per-layer weights", None))
     runs = {}
     for seed in range(d["seeds"]):
         for design in d["designs"]:
             n = plan[design]
             for arm, extra in arms:
-                folder = out / f"{design}-{'one' if not extra else 'two'}-seed{seed}"
+                kind = {0: "one", None: "perlayer"}.get(extra, "two")
+                folder = out / f"{design}-{kind}-seed{seed}"
                 print(f"[{time.perf_counter() - start:6.0f}s] depth {design} {arm} seed {seed}",
                       flush=True)
-                config = dataclasses.replace(base, extra_depths=(extra * n,) if extra else ())
+                if extra is None:
+                    config = dataclasses.replace(base, model=base.model.replace(
+                        weights="per_layer", num_anchors=n))
+                else:
+                    config = dataclasses.replace(base, extra_depths=(extra * n,) if extra else ())
                 runs[(design, arm, seed)] = run_design(
                     config, design, n, seed, folder, transfer_factors=d["factors"],
                     richardson_multiples=d["multiples"], progress=progress)
@@ -371,6 +378,7 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
                                                                                 strict=True)])
             ratios = np.array([r["richardson"]["ratios"] for r in seeds])
             rows.append({"design": design, "arm": arm, "blocks": plan[design],
+                         "parameters": seeds[0]["parameters"],
                          "order": get_design(design).order, "val_bpc": at,
                          "change_percent": change,
                          "richardson_ratios": [interval(ratios[:, j])
@@ -393,15 +401,17 @@ def _depth_report(out: Path, s: dict, d: dict, results: dict) -> None:
         f"{d['steps']} AdamW steps at peak {d['lr']:g}, {d['seeds']} seeds (95% Student t "
         f"intervals). Trained at N blocks (the budget of {s['budget']} evaluations), or at N and "
         f"{d['extra']}N at once (the loss is their mean: {1 + d['extra']} times the training "
-        f"compute). Validation bits per character at multiples of N, its change against N in "
-        f"percent, and the Richardson ratios e_k / e_(k+1) of the final states, e_k = RMS "
-        f"|y(m_k N) - y(m_(k+1) N)| over m = {', '.join(f'{v:g}' for v in m)}: a convergent "
-        f"discretisation of order p has ratios near 2^p. Run time {results['seconds']:.0f} s.",
+        f"compute), against the per-layer baseline (N blocks of their own weights, the standard "
+        f"Transformer, trained at N). Validation bits per character at multiples of N, its "
+        f"change against N in percent, and the Richardson ratios e_k / e_(k+1) of the final "
+        f"states, e_k = RMS |y(m_k N) - y(m_(k+1) N)| over m = "
+        f"{', '.join(f'{v:g}' for v in m)}: a convergent discretisation of order p has "
+        f"ratios near 2^p. Run time {results['seconds']:.0f} s.",
         "",
-        "| design (order) | training | N | " + " | ".join(
+        "| design (order) | training | N | parameters | " + " | ".join(
             f"bpc at {f:g}N (change)" for f in [1.0, *d["factors"]]) + " | Richardson ratios | "
         "final-state cosine | train s |",
-        "|---|---|---|" + "---|" * (len(d["factors"]) + 1) + "---|---|---|",
+        "|---|---|---|---|" + "---|" * (len(d["factors"]) + 1) + "---|---|---|",
     ]
     for r in results["rows"]:
         cells = [_fmt(r["val_bpc"]["1"])]
@@ -411,6 +421,7 @@ def _depth_report(out: Path, s: dict, d: dict, results: dict) -> None:
         ratios = ", ".join(_fmt(x, 2) for x in r["richardson_ratios"])
         cosine = " ".join(f"{c:.2f}" for c in r["collapse"])
         lines.append(f"| {r['design']} ({r['order']}) | {r['arm']} | {r['blocks']} | "
+                     f"{r['parameters']} | "
                      + " | ".join(cells) + f" | {ratios} | {cosine} | "
                      f"{r['train_seconds'][0]:.0f} |")
     write_text(out / "report.md", "\n".join(lines) + "\n")
@@ -778,6 +789,8 @@ def write_report(out: Path, s, results) -> None:
     for r in results["recall"]:
         lines.append(f"| {r['design']} | {r['blocks']} | {r['seeds']} | "
                      f"{_fmt(r['accuracy'])} |")
+    if not results["recall"]:
+        lines[-2:] = ["Not run (no `recall_designs` in the settings)."]
     write_text(out / "report.md", "\n".join(lines) + "\n")
 
 

@@ -116,12 +116,15 @@ def test_quick_depth_part(tmp_path):
     assert not (out / "baseline").exists() and not (out / "results.json").exists()
     results = json.loads((out / "depth" / "results.json").read_text())
     rows = results["rows"]
-    assert [(r["design"], r["arm"]) for r in rows] == [("euler", "one depth"),
-                                                       ("euler", "depths N and 2N")]
+    assert [(r["design"], r["arm"]) for r in rows] == [
+        ("euler", "one depth"), ("euler", "depths N and 2N"), ("euler", "per-layer weights")]
     multiples = results["settings"]["multiples"]
     for r in rows:
         assert len(r["richardson_ratios"]) == len(multiples) - 2
         assert set(r["val_bpc"]) == {"1", "0.5", "2"} and r["order"] == 1
     two = json.loads((out / "depth" / "euler-two-seed0" / "config.json").read_text())
     assert two["extra_depths"] == [2 * rows[0]["blocks"]] and two["model"]["weights"] == "chebyshev"
+    base = json.loads((out / "depth" / "euler-perlayer-seed0" / "config.json").read_text())
+    assert base["model"]["weights"] == "per_layer" and base["extra_depths"] == []
+    assert base["model"]["num_anchors"] == rows[0]["blocks"]
     assert "Richardson ratios" in (out / "depth" / "report.md").read_text()
