@@ -14,7 +14,8 @@ the recipe's model on two-hop and one-hop associative recall; it writes
 per character against minutes and tokens, with tokens per second). ``--part depth`` asks
 whether a trained stack is a convergent discretisation of one flow (:func:`run_depth`: Euler and
 Heun with Chebyshev weights, trained at one depth or at two, evaluated at 1/2 to 8 times the
-blocks with Richardson ratios of the final states; ``depth/report.md``). ``--part designs`` is
+blocks with Richardson ratios of the final states, and with adaptive depth at several
+tolerances; ``depth/report.md``). ``--part designs`` is
 the comparison below; without ``--part`` all three run.
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
@@ -321,9 +322,10 @@ def main(argv=None) -> int:
 #: the budget's blocks N alone ("one depth") or at N and ``extra`` N at once ("two depths",
 #: TrainConfig.extra_depths), then run at other block counts
 DEPTH = dict(designs=["euler", "heun"], norm="post", seeds=3, steps=400, lr=3e-3, extra=2,
-             factors=[0.5, 2.0, 4.0, 8.0], multiples=[1, 2, 4, 8])
+             factors=[0.5, 2.0, 4.0, 8.0], multiples=[1, 2, 4, 8],
+             rtols=[0.1, 0.03, 0.01, 0.003])
 DEPTH_QUICK = dict(designs=["euler"], norm="post", seeds=2, steps=6, lr=3e-3, extra=2,
-                   factors=[0.5, 2.0], multiples=[1, 2, 4])
+                   factors=[0.5, 2.0], multiples=[1, 2, 4], rtols=[0.1])
 
 
 def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
@@ -363,7 +365,7 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
                     config = dataclasses.replace(base, extra_depths=(extra * n,) if extra else ())
                 runs[(design, arm, seed)] = run_design(
                     config, design, n, seed, folder, transfer_factors=d["factors"],
-                    richardson_multiples=d["multiples"], progress=progress)
+                    richardson_multiples=d["multiples"], rtols=d["rtols"], progress=progress)
     rows = []
     for design in d["designs"]:
         for arm, _ in arms:
@@ -384,6 +386,12 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
                          "richardson_ratios": [interval(ratios[:, j])
                                                for j in range(ratios.shape[1])],
                          "collapse": [r["collapse"] for r in seeds],
+                         "adaptive": [{"rtol": a["rtol"],
+                                       "evaluations": interval([r["adaptive"][i]["evaluations"]
+                                                                for r in seeds]),
+                                       "bpc": interval([r["adaptive"][i]["loss"] / math.log(2)
+                                                        for r in seeds])}
+                                      for i, a in enumerate(seeds[0]["adaptive"])],
                          "train_seconds": interval([r["train_seconds"] for r in seeds])})
     results = {"settings": {**d, "budget": s["budget"]}, "rows": rows,
                "seconds": time.perf_counter() - start}
@@ -424,6 +432,13 @@ def _depth_report(out: Path, s: dict, d: dict, results: dict) -> None:
                      f"{r['parameters']} | "
                      + " | ".join(cells) + f" | {ratios} | {cosine} | "
                      f"{r['train_seconds'][0]:.0f} |")
+    lines += ["", "Adaptive depth (diffrax's PID controller on the embedded error estimate, "
+              "per input sequence): mean evaluations and bits per character at each tolerance.",
+              "", "| design | training | rtol | evaluations | bits/char |", "|---|---|---|---|---|"]
+    for r in results["rows"]:
+        for a in r["adaptive"]:
+            lines.append(f"| {r['design']} | {r['arm']} | {a['rtol']:g} | "
+                         f"{_fmt(a['evaluations'], 1)} | {_fmt(a['bpc'])} |")
     write_text(out / "report.md", "\n".join(lines) + "\n")
 
 

@@ -122,6 +122,7 @@ def test_quick_depth_part(tmp_path):
     for r in rows:
         assert len(r["richardson_ratios"]) == len(multiples) - 2
         assert set(r["val_bpc"]) == {"1", "0.5", "2"} and r["order"] == 1
+        assert r["adaptive"] == []  # Euler has no error estimate to adapt with
     two = json.loads((out / "depth" / "euler-two-seed0" / "config.json").read_text())
     assert two["extra_depths"] == [2 * rows[0]["blocks"]] and two["model"]["weights"] == "chebyshev"
     base = json.loads((out / "depth" / "euler-perlayer-seed0" / "config.json").read_text())
