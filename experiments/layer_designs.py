@@ -2,7 +2,7 @@
 
 Run::
 
-    python experiments/layer_designs.py [--part baseline|depth|designs]
+    python experiments/layer_designs.py [--part baseline|depth|designs|ngpt]
         [--out results/layer_designs] [--quick] [--seeds 3]
 
 ``--part baseline`` (about 45 minutes on 2 CPU cores) tunes and trains the baseline that
@@ -16,7 +16,10 @@ whether a trained stack is a convergent discretisation of one flow (:func:`run_d
 Heun with Chebyshev weights, trained at one depth or at two, evaluated at 1/2 to 8 times the
 blocks with Richardson ratios of the final states, and with adaptive depth at several
 tolerances; ``depth/report.md``). ``--part designs`` is
-the comparison below; without ``--part`` all three run.
+the comparison below; ``--part ngpt`` the same comparison for the sequential (Lie-Trotter) and
+parallel (Euler) blocks on the sphere with the residual step against nGPT's normalised step
+(``DesignConfig.update="ngpt"``: normalised branches, learned per-dimension rates), in
+``ngpt/``; without ``--part`` all four run.
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
 language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
@@ -51,7 +54,8 @@ designs of ``recall_designs`` (none by default: no design learns it at this size
 
 Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
 8 designs in 14 arms (design x norm position), 42 tuning runs of 150 steps. ``--quick`` (CI):
-``d = 16``, two designs in both norm positions, 2 seeds, 12 steps, budget 4: under 2 minutes.
+``d = 16``, two designs post-norm, pre-norm and with nGPT's step, 2 seeds, 12 steps, budget 4:
+under 2 minutes.
 
 Outputs in ``--out``: ``config.json``, ``runs/tune/<design>-<norm>-lr<lr>/`` and
 ``runs/austen/<design>-<norm>-seed<k>/`` (each run's config, metrics, checkpoints, summary: an
@@ -87,32 +91,47 @@ DEFAULT = dict(
 QUICK = dict(
     designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
     d_ff=32, context=16, anchors=2, duration=4.0, batch_size=8, eval_every=12,
-    eval_sequences=16, norms=["post", "pre"], head_bias=True, lr_grid=[3e-3, 1e-2],
+    eval_sequences=16, norms=["post", "pre", "ngpt"], head_bias=True, lr_grid=[3e-3, 1e-2],
     tune_steps=4, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
     throughput_repeats=2, memory_depths=[2, 8],
 )
 
 
+#: ``--part ngpt``: nGPT's normalised step against the residual step on the sphere, in the
+#: sequential block (nGPT's own) and the parallel one
+NGPT = dict(designs=["lie-trotter", "euler"], norms=["post", "ngpt"], recall_designs=[])
+NGPT_QUICK = dict(designs=["lie-trotter"], norms=["post", "ngpt"], recall_designs=[])
+
+
 def arms(s) -> list[str]:
-    """``"<design> <norm>"`` for every design and norm position it has (the rotation and
-    geodesic designs have no pre-norm form)."""
+    """``"<design> <norm>"`` for every design and norm of ``s["norms"]`` it has: ``post``
+    (on the sphere), ``pre`` (the rotation and geodesic designs have no pre-norm form) or
+    ``ngpt`` (nGPT's normalised step on the sphere, :func:`arm_model`)."""
     from svflow_jax.designs import get_design
 
     out = []
     for design in s["designs"]:
         for norm in s["norms"]:
             try:
-                get_design(design).solver_for(norm)
+                get_design(design).solver_for("post" if norm == "ngpt" else norm)
             except ValueError:
                 continue
             out.append(f"{design} {norm}")
     return out
 
 
+def arm_model(model, arm: str):
+    """The :class:`~svflow_jax.designs.DesignConfig` ``model`` with the arm's design and norm:
+    ``post``/``pre`` with the residual update, ``ngpt`` post-norm with nGPT's step."""
+    design, norm = arm.split()
+    if norm == "ngpt":
+        return model.replace(design=design, norm_position="post", update="ngpt")
+    return model.replace(design=design, norm_position=norm, update="residual")
+
+
 def arm_config(base, arm: str, lr: float | None = None):
-    """``base`` with the arm's norm position (and learning rate)."""
-    norm = arm.split()[1]
-    config = dataclasses.replace(base, model=base.model.replace(norm_position=norm))
+    """``base`` with the arm's model (:func:`arm_model`) and learning rate."""
+    config = dataclasses.replace(base, model=arm_model(base.model, arm))
     return config if lr is None else dataclasses.replace(config, lr=lr)
 
 
@@ -151,8 +170,8 @@ def tune_run(base, arm: str, lr: float, folder: Path, plan: dict, progress: bool
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["baseline", "depth", "designs"],
-                   help="run one part only (default: both)")
+    p.add_argument("--part", choices=["baseline", "depth", "designs", "ngpt"],
+                   help="run one part only (default: all four)")
     p.add_argument("--out", default="results/layer_designs", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
     p.add_argument("--seeds", type=positive_int, help="seeds per design (default 3; quick 2)")
@@ -179,18 +198,7 @@ def main(argv=None) -> int:
     from svflow_jax.xla_settings import use_project_flags
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
-    from svflow_jax.designs import DesignConfig, get_design
-    from svflow_jax.environment import environment
-    from svflow_jax.training import TrainConfig
-    from svflow_jax.training.compare import (
-        count_parameters,
-        equal_compute_steps,
-        gradient_memory,
-        interval,
-        plain_transformer,
-        run_design,
-        throughput,
-    )
+    from svflow_jax.designs import get_design
 
     s = settings(args)
     try:  # before anything is written or compiled
@@ -205,9 +213,36 @@ def main(argv=None) -> int:
     if args.part in (None, "depth") and not args.report_only:
         run_depth(Path(args.out) / "depth", s, DEPTH_QUICK if args.quick else DEPTH,
                   progress=not args.no_progress)
-    if args.part in ("baseline", "depth"):
-        return 0
-    out = Path(args.out)
+    progress = not args.no_progress
+    if args.part in (None, "designs"):
+        run_designs(Path(args.out), s, report_only=args.report_only, progress=progress)
+    if args.part in (None, "ngpt"):
+        ngpt = {**s, **(NGPT_QUICK if args.quick else NGPT)}
+        if args.designs is not None:
+            ngpt["designs"] = args.designs
+        run_designs(Path(args.out) / "ngpt", ngpt, report_only=args.report_only,
+                    progress=progress)
+    return 0
+
+
+def run_designs(out: Path, s: dict, *, report_only: bool = False,
+                progress: bool = True) -> dict:
+    """The comparison of the module docstring for the arms of ``s`` (:func:`arms`): the
+    learning-rate sweep, the seeds, throughput and gradient memory; writes ``results.json``,
+    ``table.csv``, ``report.md`` and the figures in ``out`` and returns the results."""
+    from svflow_jax.designs import DesignConfig
+    from svflow_jax.environment import environment
+    from svflow_jax.training import TrainConfig
+    from svflow_jax.training.compare import (
+        count_parameters,
+        equal_compute_steps,
+        gradient_memory,
+        interval,
+        plain_transformer,
+        run_design,
+        throughput,
+    )
+
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "config.json"
     # runs live in per-design, per-seed folders; the last two only concern the report
@@ -230,7 +265,6 @@ def main(argv=None) -> int:
                                     warmup=max(1, s["tune_steps"] // 20),
                                     eval_every=s["tune_steps"], log_every=s["tune_steps"])
     plan = equal_compute_steps(s["designs"], s["budget"])
-    progress = not args.no_progress
 
     def summary_or_none(folder: Path):
         path = folder / "summary.json"
@@ -241,7 +275,7 @@ def main(argv=None) -> int:
         for lr in s["lr_grid"]:
             folder = out / "runs" / "tune" / f"{arm.replace(' ', '-')}-lr{lr:g}"
             run = summary_or_none(folder)
-            if run is None and not args.report_only:
+            if run is None and not report_only:
                 print(f"[{time.perf_counter() - start:6.0f}s] tune {arm} lr {lr:g}", flush=True)
                 run = tune_run(tune_base, arm, lr, folder, plan, progress)
             if run is not None:
@@ -254,7 +288,7 @@ def main(argv=None) -> int:
             design = arm.split()[0]
             folder = out / "runs" / "austen" / f"{arm.replace(' ', '-')}-seed{seed}"
             run = summary_or_none(folder)
-            if run is None and not args.report_only:
+            if run is None and not report_only:
                 print(f"[{time.perf_counter() - start:6.0f}s] austen {arm} seed {seed} "
                       f"({plan[design]} blocks, lr {lrs[arm]:g})", flush=True)
                 run = run_design(arm_config(base, arm, lrs[arm]), design, plan[design], seed,
@@ -270,7 +304,7 @@ def main(argv=None) -> int:
     for seed in range(s["seeds"]):
         for design in s["recall_designs"]:
             folder = out / "runs" / "recall" / f"{design}-seed{seed}"
-            if args.report_only:
+            if report_only:
                 if (folder / "summary.json").exists():
                     recall[(design, seed)] = json.loads((folder / "summary.json").read_text())
                 continue
@@ -278,7 +312,7 @@ def main(argv=None) -> int:
                   flush=True)
             recall[(design, seed)] = run_design(recall_base, design, recall_plan[design], seed,
                                                 folder, transfer_factors=(),
-                                                progress=not args.no_progress)
+                                                progress=progress)
 
     print(f"[{time.perf_counter() - start:6.0f}s] throughput", flush=True)
     from flax import nnx
@@ -288,9 +322,8 @@ def main(argv=None) -> int:
     speed = {}
     resolved = base.resolved().model
     for arm in lrs:
-        design, norm = arm.split()
-        m = SolverLM(resolved.replace(design=design, num_steps=plan[design], norm_position=norm),
-                     rngs=nnx.Rngs(0))
+        design = arm.split()[0]
+        m = SolverLM(arm_model(resolved, arm).replace(num_steps=plan[design]), rngs=nnx.Rngs(0))
         speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
     plain = plain_transformer(resolved, int(s["budget"]))
     speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
@@ -312,7 +345,7 @@ def main(argv=None) -> int:
     figures(out, s, runs, interval)
     write_report(out, s, results)
     print(f"[{results['seconds']:6.0f}s] wrote {out / 'report.md'}", flush=True)
-    return 0
+    return results
 
 
 # ---------------------------------------------------------------------------- depth
@@ -719,6 +752,9 @@ def figures(out: Path, s, runs, interval) -> None:
 def write_report(out: Path, s, results) -> None:
     from svflow_jax.training.compare import COLLAPSED
 
+    ngpt = ("; ngpt: nGPT's normalised step on the sphere, normalised branches and learned "
+            "per-dimension rates" if "ngpt" in s["norms"] else "")
+
     lines = [
         "# Layer designs at equal compute",
         "",
@@ -728,7 +764,8 @@ def write_report(out: Path, s, results) -> None:
         f"[0, {s['duration']:g}]), {s['steps']} AdamW steps of {s['batch_size']} sequences, "
         f"{s['seeds']} seeds; {s['budget']} field evaluations per forward pass; head bias "
         f"{'on' if s['head_bias'] else 'off'}. Every design in each norm position it has "
-        f"(post-norm: on the sphere; pre-norm: the form real models use), each at its own peak "
+        f"(post-norm: on the sphere; pre-norm: the form real models use{ngpt}), each at its "
+        f"own peak "
         f"learning rate: the best of {', '.join(f'{v:g}' for v in s['lr_grid'])} after "
         f"{s['tune_steps']} steps at seed 0. Intervals: 95% Student t over seeds. Total run "
         f"time {results['seconds']:.0f} s.",

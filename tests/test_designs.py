@@ -163,6 +163,12 @@ def test_bad_input_is_refused():
         SolverLM(SMALL, rngs=nnx.Rngs(0))(jnp.zeros((1, 13), jnp.int32))
     path = "svflow_jax.designs.design:CLASSICAL_RK4"
     assert get_design(path).name == path and get_design(path).order == 4
+    with pytest.raises(ValueError, match="needs norm_position='post'"):
+        DesignConfig(update="ngpt", norm_position="pre")
+    with pytest.raises(ValueError, match="update must be"):
+        DesignConfig(update="normalised")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no TransformerLM equivalent"):
+        SolverLM(SMALL.replace(update="ngpt"), rngs=nnx.Rngs(0)).to_transformer()
 
 
 def test_per_layer_stages_read_their_layer():
@@ -194,6 +200,42 @@ def test_per_layer_stages_read_their_layer():
     expected = reference(model, singles, TOKENS)
     ours = nnx.jit(lambda m, t: m(t))(model, TOKENS)
     np.testing.assert_allclose(ours, expected, atol=1e-5 * float(jnp.max(jnp.abs(expected))))
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_ngpt_design_is_the_published_normalised_step():
+    """nGPT's block (Loshchilov et al., 2024): ``h <- Norm(h + alpha_A (Norm(h_A) - h))``, then
+    the same with the MLP branch, with learned per-dimension ``alpha``. The Lie-Trotter design
+    with ``update="ngpt"`` and per-layer weights equals that update written as a NumPy loop,
+    with ``h_A``, ``h_M`` the model's attention and FFN branches of each layer and
+    ``alpha = h a_l`` (random rates, so each dimension moves at its own rate); the rates get a
+    finite, non-zero gradient from the loss."""
+    config = SMALL.replace(design="lie-trotter", update="ngpt")
+    model = SolverLM(config, rngs=nnx.Rngs(2))
+    d, h = config.d_model, config.duration / config.num_steps
+    model.step_rates[...] = (d ** -0.5) * jax.random.uniform(
+        jax.random.key(0), model.step_rates[...].shape, jnp.float32, minval=0.5, maxval=3.0)
+    alpha = h * np.asarray(model.step_rates[...], np.float64) * math.sqrt(d) / config.duration
+    attention, experts = model.fields()
+    y = np.asarray(model.initial_state(TOKENS), np.float64)
+    for layer in range(config.num_anchors):
+        t = jnp.float32(layer * h)
+        h_a = np.asarray(attention.drift(t, jnp.asarray(y, jnp.float32)), np.float64)
+        y = _unit(y + alpha[layer, 0] * (_unit(h_a) - y))
+        h_m = np.asarray(experts.drift(t, jnp.asarray(y, jnp.float32)), np.float64)
+        y = _unit(y + alpha[layer, 1] * (_unit(h_m) - y))
+    ours = np.asarray(nnx.jit(lambda m, x: m.final_state(x))(model, TOKENS), np.float64)
+    np.testing.assert_allclose(ours, y, atol=2e-5)
+    assert not np.allclose(ours, np.asarray(SolverLM(SMALL.replace(design="lie-trotter"),
+                                                      rngs=nnx.Rngs(2)).final_state(TOKENS)),
+                           atol=1e-2)  # the residual update of the same weights differs
+
+    grads = nnx.grad(lambda m: jnp.mean(m(TOKENS) ** 2))(model)
+    grad = np.asarray(jax.tree.leaves(grads["step_rates"])[0])
+    assert np.all(np.isfinite(grad)) and float(jnp.max(jnp.abs(grad))) > 0
 
 
 def test_token_collapse_against_a_pairwise_loop():

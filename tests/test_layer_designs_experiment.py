@@ -34,12 +34,18 @@ def test_quick_experiment_writes_the_report(tmp_path):
     rows = {r["design"]: r for r in results["austen"]}
     runs = [json.loads(path.read_text()) for path in (out / "runs").glob("*/*/summary.json")]
     assert runs and all(r["environment"]["cpu_count"] == os.cpu_count() for r in runs)
-    assert list(rows) == ["euler post", "euler pre", "heun post", "heun pre"]  # both norms
+    assert list(rows) == ["euler post", "euler pre", "euler ngpt",
+                          "heun post", "heun pre", "heun ngpt"]  # every norm
     budget = results["settings"]["budget"]
-    # equal compute and equal parameters, by construction and by count
+    # equal compute and equal parameters, by construction and by count; nGPT's step adds its
+    # rates, K anchors x (attention, FFN) x d
+    s = results["settings"]
     assert {r["evaluations"] for r in rows.values()} == {budget}
     assert rows["euler pre"]["blocks"] == 2 * rows["heun pre"]["blocks"]
-    assert len({r["parameters"] for r in rows.values()}) == 1
+    residual = {r["parameters"] for arm, r in rows.items() if not arm.endswith("ngpt")}
+    assert len(residual) == 1
+    assert {r["parameters"] for arm, r in rows.items() if arm.endswith("ngpt")} == {
+        residual.pop() + s["anchors"] * 2 * s["d_model"]}
     # each arm at the grid's rate with the lowest loss of its short run (none collapses here)
     grid = results["settings"]["lr_grid"]
     for r in rows.values():
@@ -61,6 +67,9 @@ def test_quick_experiment_writes_the_report(tmp_path):
     assert adaptive and adaptive[0]["all_finished"] and adaptive[0]["evaluations"][0] >= 2
     assert rows["euler post"]["adaptive"] == []  # no embedded error estimate
     assert rows["heun pre"]["adaptive"] == []  # adaptive depth is on the sphere only
+    assert rows["heun ngpt"]["adaptive"]
+    ngpt = json.loads((out / "runs" / "tune" / "euler-ngpt-lr0.01" / "config.json").read_text())
+    assert ngpt["model"]["update"] == "ngpt" and ngpt["model"]["norm_position"] == "post"
     assert 0 <= results["recall"][0]["accuracy"][0] <= 1
     memory = results["gradient_memory"]  # per added block: only the state with remat
     assert memory["remat"][1] - memory["remat"][0] < memory["no_remat"][1] - memory["no_remat"][0]

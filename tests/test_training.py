@@ -177,6 +177,7 @@ def test_svflow_train_cli(tmp_path, capsys):
             (["--weights", "cubic"], "argument --weights: invalid choice: 'cubic'"),
             (["--design", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
             (["--design", "geodesic-euler"], "pre-norm by default: add --norm post"),
+            (["--update", "ngpt"], "pre-norm by default: add --norm post"),
             (["--config", "missing.json"], "--config: no such file missing.json")):
         with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])
@@ -184,7 +185,8 @@ def test_svflow_train_cli(tmp_path, capsys):
         assert named in capsys.readouterr().err, bad
     assert main(["train", "--list-designs"]) == 0
     assert "crouch-grossman3" in capsys.readouterr().out
-    argv = ["train", "--design", "lie-trotter", "--num-steps", "2", "--anchors", "2",
+    argv = ["train", "--design", "lie-trotter", "--norm", "post", "--update", "ngpt",
+            "--num-steps", "2", "--anchors", "2",
             "--duration", "2", "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff",
             "32", "--context", "16", "--steps", "3", "--batch-size", "4", "--eval-every", "0",
             "--out", str(tmp_path / "run"), "--no-progress"]
@@ -194,6 +196,7 @@ def test_svflow_train_cli(tmp_path, capsys):
     assert final["environment"]["cpu_count"] == os.cpu_count()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["model"]["num_steps"] == 2 and saved["steps"] == 3
+    assert saved["model"]["update"] == "ngpt"
     assert main(argv) == 0  # resumes from the step-3 checkpoint: nothing left to train
     assert json.loads((tmp_path / "run" / "final.json").read_text())["resumed_from"] == 3
 

@@ -58,6 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"weights per layer, or continuous in depth (default {m.weights})")
     p.add_argument("--norm", dest="norm_position", choices=["post", "pre"],
                    help=f"post-norm on the sphere or pre-norm (default {m.norm_position})")
+    p.add_argument("--update", choices=["residual", "ngpt"],
+                   help="the block's step: residual (default) or nGPT's normalised step with "
+                   "learned per-dimension rates (post-norm only, with --norm post)")
     p.add_argument("--head-bias", action="store_true", default=None,
                    help="a bias on the logits, started at the log frequencies of the training "
                    "tokens (keeps a post-norm stack from collapsing to the unigram model)")
@@ -95,8 +98,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-_MODEL_FIELDS = ("design", "weights", "norm_position", "head_bias", "num_steps", "num_anchors",
-                 "duration", "d_model", "n_heads", "d_head", "d_ff", "context")
+_MODEL_FIELDS = ("design", "weights", "norm_position", "update", "head_bias", "num_steps",
+                 "num_anchors", "duration", "d_model", "n_heads", "d_head", "d_ff", "context")
 _TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
                  "checkpoint_every")
 
@@ -155,7 +158,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config = config_from_args(args)
     except (ValueError, TypeError, KeyError) as err:
         message = str(err)
-        if "no pre-norm form" in message and args.norm_position is None:
+        if (("no pre-norm form" in message or "needs norm_position='post'" in message)
+                and args.norm_position is None):
             message += " (svflow train is pre-norm by default: add --norm post)"
         raise runtime.UsageError(message) from None
     check_sizes(config)

@@ -26,6 +26,18 @@ natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y)
 * pre-norm: ``y0 = e / rho`` in ``R^d``; ``dy/dt = u_t(y / |y|)`` solved by the design's ambient
   method; logits ``= rho R(y_T) W_U [+ b]`` (the final Norm).
 
+* ``update="ngpt"`` (on the sphere): the normalised step of nGPT (Loshchilov et al., 2024,
+  "nGPT: Normalized Transformer with Representation Learning on the Hypersphere"). Each branch
+  ``u_X`` (attention, FFN) is normalised and the state moves towards it by learned
+  per-dimension rates ``a_X(t)`` (``step_rates``, on the weight path like every weight): the
+  field is ``f_X(y) = a_X(t) * (R(u_X(y)) - y)``, unprojected, so that one retracted Euler
+  sub-step ``R(y + h f_X(y))`` is nGPT's update ``h <- Norm(h + alpha (Norm(h_X) - h))`` with
+  ``alpha = h a_X`` (the Lie-Trotter design is nGPT's block). Its radial part only rescales
+  the step, as in :class:`~svflow_jax.solvers.VariableStepRetractedEuler`: the flow is
+  ``dy/dt = P_y f(y)``. The rates are stored as ``a / (a_0 sqrt(d))`` (nGPT's
+  ``alpha_scale = 1/sqrt(d)``), ``a_0 = 1 / T`` at initialisation, i.e. ``alpha = 1/N``. Not
+  included: nGPT's normalisation of the weight matrices and its ``s_qk, s_u, s_v, s_z`` scales.
+
 With ``head_bias`` the head has a bias ``b`` (``unembed_bias``), which the trainer starts at the
 log frequencies of the training tokens (:func:`svflow_jax.training.train`). Without it a
 post-norm stack fits the unigram distribution, the first thing a language model learns, by
@@ -66,9 +78,10 @@ from svflow_jax.transformer import TransformerConfig, TransformerLM
 
 from .design import LayerDesign, get_design, integrate
 
-__all__ = ["DesignConfig", "SolverLM", "Weights"]
+__all__ = ["DesignConfig", "SolverLM", "Update", "Weights"]
 
 Weights = Literal["per_layer", "linear", "chebyshev"]
+Update = Literal["residual", "ngpt"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +99,8 @@ class DesignConfig:
         weights: ``"per_layer"``, ``"linear"`` or ``"chebyshev"`` (module docstring).
         duration: the depth-time ``T``; the step is ``h = T / N``.
         norm_position: ``"post"`` (on the sphere) or ``"pre"``.
+        update: ``"residual"`` (the block adds ``h`` times its branches) or ``"ngpt"``
+            (nGPT's normalised step with learned rates; post-norm only; module docstring).
         init_std: std of the normal initialiser of every weight matrix.
         head_bias: the head adds a bias ``unembed_bias (V,)`` to the logits (module docstring).
         remat: rematerialise every block in the backward pass.
@@ -103,6 +118,7 @@ class DesignConfig:
     weights: Weights = "per_layer"
     duration: float = 8.0
     norm_position: Literal["post", "pre"] = "post"
+    update: Update = "residual"
     init_std: float = 0.02
     head_bias: bool = False
     remat: bool = True
@@ -124,6 +140,11 @@ class DesignConfig:
         if self.norm_position not in ("post", "pre"):
             raise ValueError(f"norm_position must be 'post' or 'pre', got {self.norm_position!r}")
         get_design(self.design).solver_for(self.norm_position)  # unknown design / no pre-norm
+        if self.update not in ("residual", "ngpt"):
+            raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
+        if self.update == "ngpt" and self.norm_position != "post":
+            raise ValueError("update='ngpt' (nGPT's normalised step) lives on the sphere: it "
+                             "needs norm_position='post'")
 
     @property
     def layer_design(self) -> LayerDesign:
@@ -138,15 +159,20 @@ class DesignConfig:
 
 
 class _Field(eqx.Module):
-    """A sum of flow fields as a diffrax vector field: ``P_y sum u`` on the sphere (post) or
-    ``sum u(y / |y|)`` in ``R^d`` (pre). A module, so solvers can restrict its paths to a step."""
+    """A sum of flow fields as a diffrax vector field: ``P_y sum u`` on the sphere (post),
+    ``sum u(y / |y|)`` in ``R^d`` (pre), or nGPT's ``sum a_X(t) * (R(u_X) - y)`` (ngpt, with
+    ``rates`` the paths of ``a_X``). A module, so solvers can restrict its paths to a step."""
 
     parts: tuple
     kind: str = eqx.field(static=True)
+    rates: tuple = ()
 
     def __call__(self, t, y, args):
         if self.kind == "post":
             return sphere.project_tangent(y, sum(f.drift(t, y) for f in self.parts))
+        if self.kind == "ngpt":
+            return sum(a(t) * (sphere.retract(f.drift(t, y)) - y)
+                       for f, a in zip(self.parts, self.rates, strict=True))
         z = sphere.retract(y)
         return sum(f.drift(t, z) for f in self.parts)
 
@@ -161,7 +187,8 @@ class SolverLM(nnx.Module):
     Parameters (``K`` anchors): ``embed (V, d)``, ``pos_embed (P, d)``, ``unembed (d, V)``,
     ``wq (K, d, H, k)``, ``wk``, ``wv (K, d, H, k)``, ``wo (K, H, k, d)``, ``w_in (K, d, f)``,
     ``w_out (K, f, d)``: the names and layouts of
-    :func:`svflow_jax.transformer.layer_params`; with ``head_bias`` also ``unembed_bias (V,)``.
+    :func:`svflow_jax.transformer.layer_params`; with ``head_bias`` also ``unembed_bias (V,)``;
+    with ``update="ngpt"`` also ``step_rates (K, 2, d)`` (attention, FFN; module docstring).
     """
 
     def __init__(self, config: DesignConfig, *, rngs: nnx.Rngs):
@@ -178,6 +205,9 @@ class SolverLM(nnx.Module):
         self.w_out = _normal(rngs, s, (K, c.d_ff, c.d_model))
         self.unembed_bias = (nnx.Param(jnp.zeros((c.vocab_size,), jnp.float32))
                              if c.head_bias else None)
+        self.step_rates = (nnx.Param(jnp.full((K, 2, c.d_model), c.d_model ** -0.5,
+                                              jnp.float32))
+                           if c.update == "ngpt" else None)
 
     # ---------------------------------------------------------------------------- the flow
 
@@ -202,15 +232,32 @@ class SolverLM(nnx.Module):
         return (AttentionField(self._path(attention), causal=True),
                 ExpertsField(self._path(ExpertsParams(experts=nets)), radius=c.radius))
 
+    def rates(self) -> tuple | None:
+        """nGPT's rates ``a_A(t), a_F(t)`` (per unit of depth-time) as paths, or ``None``."""
+        if self.step_rates is None:
+            return None
+        c = self.config
+        a = self.step_rates[...] * (math.sqrt(c.d_model) / c.duration)
+        return self._path(a[:, 0]), self._path(a[:, 1])
+
     def terms(self):
         """The diffrax term(s) the solver integrates: one field, or ``MultiTerm(A, F)`` for a
         splitting."""
         attention, experts = self.fields()
-        kind = "post" if self.config.norm_position == "post" else "pre"
+        rates = self.rates()
+        kind = ("ngpt" if rates is not None else
+                "post" if self.config.norm_position == "post" else "pre")
+        rate_a, rate_f = (None, None) if rates is None else rates
+
+        def field(*parts_and_rates):
+            parts = tuple(p for p, _ in parts_and_rates)
+            return _Field(parts, kind, () if rates is None else
+                          tuple(r for _, r in parts_and_rates))
+
         if self.config.layer_design.is_splitting:
-            return MultiTerm(ODETerm(_Field((attention,), kind)),
-                             ODETerm(_Field((experts,), kind)))
-        return ODETerm(_Field((attention, experts), kind))
+            return MultiTerm(ODETerm(field((attention, rate_a))),
+                             ODETerm(field((experts, rate_f))))
+        return ODETerm(field((attention, rate_a), (experts, rate_f)))
 
     # ---------------------------------------------------------------------------- forward
 
@@ -256,6 +303,9 @@ class SolverLM(nnx.Module):
         block; ``"strang"``: the macaron block). Post-norm: projected branches; pre-norm:
         standard branches and a final Norm."""
         c = self.config
+        if c.update != "residual":
+            raise ValueError("a SolverLM with nGPT's normalised step (update='ngpt') has no "
+                             "TransformerLM equivalent")
         post = c.norm_position == "post"
         block = c.layer_design.block
         return TransformerConfig(

@@ -233,7 +233,7 @@ def plain_transformer(config: DesignConfig, layers: int, seed: int = 0) -> Trans
     """The plain NNX TransformerLM of the same width, context and vocabulary with ``layers``
     layers (post-norm, parallel block: the Euler design's architecture)."""
     model = SolverLM(config.replace(design="euler", weights="per_layer", num_anchors=layers,
-                                    num_steps=layers), rngs=nnx.Rngs(seed))
+                                    num_steps=layers, update="residual"), rngs=nnx.Rngs(seed))
     from svflow_jax.transformer import TransformerConfig
 
     tc = dataclasses.replace(model.transformer_config(), project_branches=False)
