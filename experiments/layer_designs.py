@@ -36,6 +36,9 @@ character) with the same
   use) where it has that form (the rotation and geodesic designs are post-norm only); the head
   has a bias started at the log unigram frequencies (``head_bias``: without it post-norm
   stacks collapse, see ``docs/results/layer-designs.md``);
+* **a trained baseline**: the arms of ``baselines`` (default ``euler pre``) also run with per-layer
+  weights, ``N`` blocks of their own weights (``"euler pre per-layer"``: the pre-norm Transformer
+  of ``svflow train``'s recipe at this width), at the same compute, with more parameters;
 * **learning rate** tuned per arm: each rate of ``lr_grid`` (1e-3, 3e-3, 1e-2) for
   ``tune_steps`` (150) at seed 0; the arm trains at the rate with the lowest validation loss
   among its runs that did not collapse.
@@ -53,7 +56,8 @@ designs of ``recall_designs`` (none by default: no design learns it at this size
 ``docs/results/baseline.md``).
 
 Sizes (default): ``d = 64``, 4 heads of 16, FFN 128, context 64, 400 optimiser steps, 3 seeds,
-8 designs in 14 arms (design x norm position), 42 tuning runs of 150 steps. ``--quick`` (CI):
+8 designs in 14 arms (design x norm position) and the baseline arm, 45 tuning runs of 150
+steps. ``--quick`` (CI):
 ``d = 16``, two designs post-norm, pre-norm and with nGPT's step, 2 seeds, 12 steps, budget 4:
 under 2 minutes.
 
@@ -84,14 +88,16 @@ DEFAULT = dict(
              "lie-trotter", "strang"],
     budget=12, seeds=3, steps=400, d_model=64, n_heads=4, d_head=16, d_ff=128, context=64,
     anchors=4, duration=12.0, batch_size=16, eval_every=50, eval_sequences=128,
-    norms=["post", "pre"], head_bias=True, lr_grid=[1e-3, 3e-3, 1e-2], tune_steps=150,
+    norms=["post", "pre"], baselines=["euler pre"], head_bias=True,
+    lr_grid=[1e-3, 3e-3, 1e-2], tune_steps=150,
     rtols=[1e-1, 3e-2, 1e-2], recall_designs=[], recall_steps=300, throughput_repeats=5,
     memory_depths=[2, 8, 32],
 )
 QUICK = dict(
     designs=["euler", "heun"], budget=4, seeds=2, steps=12, d_model=16, n_heads=2, d_head=8,
     d_ff=32, context=16, anchors=2, duration=4.0, batch_size=8, eval_every=12,
-    eval_sequences=16, norms=["post", "pre", "ngpt"], head_bias=True, lr_grid=[3e-3, 1e-2],
+    eval_sequences=16, norms=["post", "pre", "ngpt"], baselines=["euler pre"], head_bias=True,
+    lr_grid=[3e-3, 1e-2],
     tune_steps=4, rtols=[1e-1], recall_designs=["euler"], recall_steps=4,
     throughput_repeats=2, memory_depths=[2, 8],
 )
@@ -99,8 +105,10 @@ QUICK = dict(
 
 #: ``--part ngpt``: nGPT's normalised step against the residual step on the sphere, in the
 #: sequential block (nGPT's own) and the parallel one
-NGPT = dict(designs=["lie-trotter", "euler"], norms=["post", "ngpt"], recall_designs=[])
-NGPT_QUICK = dict(designs=["lie-trotter"], norms=["post", "ngpt"], recall_designs=[])
+NGPT = dict(designs=["lie-trotter", "euler"], norms=["post", "ngpt"], baselines=[],
+            recall_designs=[])
+NGPT_QUICK = dict(designs=["lie-trotter"], norms=["post", "ngpt"], baselines=[],
+                  recall_designs=[])
 
 
 def arms(s) -> list[str]:
@@ -117,21 +125,26 @@ def arms(s) -> list[str]:
             except ValueError:
                 continue
             out.append(f"{design} {norm}")
-    return out
+    return out + [f"{arm} per-layer" for arm in s["baselines"]]
 
 
-def arm_model(model, arm: str):
-    """The :class:`~svflow_jax.designs.DesignConfig` ``model`` with the arm's design and norm:
-    ``post``/``pre`` with the residual update, ``ngpt`` post-norm with nGPT's step."""
-    design, norm = arm.split()
+def arm_model(model, arm: str, blocks: int):
+    """The :class:`~svflow_jax.designs.DesignConfig` ``model`` with the arm's design and norm
+    (``post``/``pre`` with the residual update, ``ngpt`` post-norm with nGPT's step) and
+    ``blocks`` blocks; a ``per-layer`` arm has ``blocks`` layers of its own weights."""
+    design, norm, *rest = arm.split()
     if norm == "ngpt":
-        return model.replace(design=design, norm_position="post", update="ngpt")
-    return model.replace(design=design, norm_position=norm, update="residual")
+        model = model.replace(design=design, norm_position="post", update="ngpt")
+    else:
+        model = model.replace(design=design, norm_position=norm, update="residual")
+    if rest == ["per-layer"]:
+        model = model.replace(weights="per_layer", num_anchors=blocks)
+    return model.replace(num_steps=blocks)
 
 
-def arm_config(base, arm: str, lr: float | None = None):
+def arm_config(base, arm: str, blocks: int, lr: float | None = None):
     """``base`` with the arm's model (:func:`arm_model`) and learning rate."""
-    config = dataclasses.replace(base, model=arm_model(base.model, arm))
+    config = dataclasses.replace(base, model=arm_model(base.model, arm, blocks))
     return config if lr is None else dataclasses.replace(config, lr=lr)
 
 
@@ -158,7 +171,8 @@ def tune_run(base, arm: str, lr: float, folder: Path, plan: dict, progress: bool
 
     design = arm.split()[0]
     try:
-        return run_design(arm_config(base, arm, lr), design, plan[design], 0, folder,
+        return run_design(arm_config(base, arm, plan[design], lr), design, plan[design], 0,
+                          folder,
                           transfer_factors=(), progress=progress)
     except TrainingDiverged as err:
         summary = {"design": design, "seed": 0, "final": {}, "collapse": math.nan,
@@ -264,7 +278,8 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
     tune_base = dataclasses.replace(base, steps=s["tune_steps"],
                                     warmup=max(1, s["tune_steps"] // 20),
                                     eval_every=s["tune_steps"], log_every=s["tune_steps"])
-    plan = equal_compute_steps(s["designs"], s["budget"])
+    plan = equal_compute_steps(list(dict.fromkeys(
+        s["designs"] + [arm.split()[0] for arm in s["baselines"]])), s["budget"])
 
     def summary_or_none(folder: Path):
         path = folder / "summary.json"
@@ -291,7 +306,8 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
             if run is None and not report_only:
                 print(f"[{time.perf_counter() - start:6.0f}s] austen {arm} seed {seed} "
                       f"({plan[design]} blocks, lr {lrs[arm]:g})", flush=True)
-                run = run_design(arm_config(base, arm, lrs[arm]), design, plan[design], seed,
+                run = run_design(arm_config(base, arm, plan[design], lrs[arm]), design,
+                                 plan[design], seed,
                                  folder, rtols=s["rtols"], progress=progress)
             if run is not None:
                 runs[(arm, seed)] = run
@@ -323,7 +339,7 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
     resolved = base.resolved().model
     for arm in lrs:
         design = arm.split()[0]
-        m = SolverLM(arm_model(resolved, arm).replace(num_steps=plan[design]), rngs=nnx.Rngs(0))
+        m = SolverLM(arm_model(resolved, arm, plan[design]), rngs=nnx.Rngs(0))
         speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
     plain = plain_transformer(resolved, int(s["budget"]))
     speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
@@ -769,6 +785,9 @@ def write_report(out: Path, s, results) -> None:
         f"learning rate: the best of {', '.join(f'{v:g}' for v in s['lr_grid'])} after "
         f"{s['tune_steps']} steps at seed 0. Intervals: 95% Student t over seeds. Total run "
         f"time {results['seconds']:.0f} s.",
+        "",
+        f"Baseline: {', '.join(f'`{arm} per-layer`' for arm in s['baselines']) or 'none'} "
+        f"(N blocks of their own weights: a Transformer, the same compute, more parameters).",
         "",
         f"Collapse: the mean cosine between a sequence's final token states, per seed; a "
         f"seed at {COLLAPSED} or above has collapsed (every token at one point) and its "

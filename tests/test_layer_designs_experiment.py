@@ -34,18 +34,29 @@ def test_quick_experiment_writes_the_report(tmp_path):
     rows = {r["design"]: r for r in results["austen"]}
     runs = [json.loads(path.read_text()) for path in (out / "runs").glob("*/*/summary.json")]
     assert runs and all(r["environment"]["cpu_count"] == os.cpu_count() for r in runs)
-    assert list(rows) == ["euler post", "euler pre", "euler ngpt",
-                          "heun post", "heun pre", "heun ngpt"]  # every norm
+    assert list(rows) == ["euler post", "euler pre", "euler ngpt", "heun post", "heun pre",
+                          "heun ngpt", "euler pre per-layer"]  # every norm, the baseline
     budget = results["settings"]["budget"]
     # equal compute and equal parameters, by construction and by count; nGPT's step adds its
     # rates, K anchors x (attention, FFN) x d
     s = results["settings"]
     assert {r["evaluations"] for r in rows.values()} == {budget}
     assert rows["euler pre"]["blocks"] == 2 * rows["heun pre"]["blocks"]
-    residual = {r["parameters"] for arm, r in rows.items() if not arm.endswith("ngpt")}
+    residual = {r["parameters"] for arm, r in rows.items() if arm.split()[1:] in (["post"],
+                                                                                 ["pre"])}
     assert len(residual) == 1
+    shared = residual.pop()
     assert {r["parameters"] for arm, r in rows.items() if arm.endswith("ngpt")} == {
-        residual.pop() + s["anchors"] * 2 * s["d_model"]}
+        shared + s["anchors"] * 2 * s["d_model"]}
+    # the baseline: a Transformer of `budget` layers of their own weights, K = 2 anchors here
+    per_anchor = (shared - rows["euler pre per-layer"]["parameters"]) // (s["anchors"] - budget)
+    assert rows["euler pre per-layer"]["blocks"] == budget
+    assert per_anchor == (4 * s["d_model"] * s["n_heads"] * s["d_head"]
+                          + 2 * s["d_model"] * s["d_ff"])
+    baseline = json.loads((out / "runs" / "austen" / "euler-pre-per-layer-seed0" /
+                           "config.json").read_text())["model"]
+    assert (baseline["weights"], baseline["num_anchors"], baseline["norm_position"]) == (
+        "per_layer", budget, "pre")
     # each arm at the grid's rate with the lowest loss of its short run (none collapses here)
     grid = results["settings"]["lr_grid"]
     for r in rows.values():
