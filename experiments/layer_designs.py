@@ -648,6 +648,12 @@ def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
                              "all_finished": all(r["adaptive"][i]["all_finished"]
                                                  for r in seeds)})
         collapse = [r.get("collapse", math.nan) for r in seeds]
+        # paired by seed (same initial batches) against the first baseline arm
+        baseline = [f"{b} per-layer" for b in s["baselines"]][:1]
+        pairs = [runs[(arm, k)]["final"]["val_bpc"] - runs[(baseline[0], k)]["final"]["val_bpc"]
+                 for k in range(s["seeds"])
+                 if baseline and arm != baseline[0] and (arm, k) in runs
+                 and (baseline[0], k) in runs]
         sweep = {f"{lr:g}": {"val_bpc": tuning[(arm, lr)]["final"].get("val_bpc", math.nan),
                              "collapse": tuning[(arm, lr)]["collapse"],
                              "diverged_at": tuning[(arm, lr)].get("diverged_at")}
@@ -656,6 +662,7 @@ def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
                      "lr": lrs[arm], "lr_sweep": sweep,
                      "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
                      "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
+                     "minus_baseline": interval(pairs) if pairs else None,
                      "collapse": collapse,
                      "collapsed": sum(c >= COLLAPSED for c in collapse),
                      "train_seconds": interval([r["train_seconds"] for r in seeds]),
@@ -693,6 +700,9 @@ def write_table(out: Path, results: dict) -> None:
         {"design": r["design"], "blocks": r["blocks"], "evaluations": r["evaluations"],
          "parameters": r["parameters"], "val_bpc_mean": r["val_bpc"][0],
          "val_bpc_halfwidth95": r["val_bpc"][1],
+         "minus_baseline_mean": "" if r["minus_baseline"] is None else r["minus_baseline"][0],
+         "minus_baseline_halfwidth95": ("" if r["minus_baseline"] is None
+                                        else r["minus_baseline"][1]),
          "lr": r["lr"],
          "final_state_cosine_per_seed": " ".join(f"{c:.3f}" for c in r["collapse"]),
          "collapsed_seeds": r["collapsed"], "transfer": _transfer_words(r),
@@ -787,30 +797,34 @@ def write_report(out: Path, s, results) -> None:
         f"time {results['seconds']:.0f} s.",
         "",
         f"Baseline: {', '.join(f'`{arm} per-layer`' for arm in s['baselines']) or 'none'} "
-        f"(N blocks of their own weights: a Transformer, the same compute, more parameters).",
+        f"(N blocks of their own weights: a Transformer, the same compute, more parameters); "
+        f"each arm's difference from it is paired by seed (the same initial batches), 95% "
+        f"Student t, one comparison per arm.",
         "",
         f"Collapse: the mean cosine between a sequence's final token states, per seed; a "
         f"seed at {COLLAPSED} or above has collapsed (every token at one point) and its "
         f"design is not ranked. Wall-clock: mean seconds of a training run (same steps).",
         "",
         "| design | blocks | evaluations | parameters | peak lr | seeds | val. bits/char | "
-        "final-state cosine per seed | depth transfer (bits/char at blocks) | train s | "
-        "train tok/s | inference tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "minus the baseline, paired by seed | final-state cosine per seed | depth transfer "
+        "(bits/char at blocks) | train s | train tok/s | inference tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["austen"]:
         bpc = _fmt(r["val_bpc"])
         if r["collapsed"]:
             bpc = f"collapsed ({r['collapsed']} of {r['seeds']} seeds): {bpc}"
         cosines = " ".join(f"{c:.2f}" for c in r["collapse"])
+        paired = "-" if r["minus_baseline"] is None else _fmt(r["minus_baseline"])
         lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
-                     f"{r['parameters']} | {r['lr']:g} | {r['seeds']} | {bpc} | {cosines} | "
+                     f"{r['parameters']} | {r['lr']:g} | {r['seeds']} | {bpc} | {paired} | "
+                     f"{cosines} | "
                      f"{_transfer_words(r)} | {r['train_seconds'][0]:.0f} | "
                      f"{r['train_tokens_per_s']:.0f} | {r['inference_tokens_per_s']:.0f} |")
     t = results["transformer"]
     lines += [
         f"| plain NNX TransformerLM ({s['budget']} layers) | {s['budget']} | {s['budget']} | "
-        f"{t['parameters']} | - | - | - | - | - | - | {t['train_tokens_per_s']:.0f} | "
+        f"{t['parameters']} | - | - | - | - | - | - | - | {t['train_tokens_per_s']:.0f} | "
         f"{t['inference_tokens_per_s']:.0f} |",
         "",
         "![validation curves](validation_curves.png)",

@@ -7,7 +7,9 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
+from scipy import stats
 from scripts_for_tests import assert_refused, run_script
 
 
@@ -57,6 +59,14 @@ def test_quick_experiment_writes_the_report(tmp_path):
                            "config.json").read_text())["model"]
     assert (baseline["weights"], baseline["num_anchors"], baseline["norm_position"]) == (
         "per_layer", budget, "pre")
+    # each arm minus the baseline, paired by seed: mean and Student t half-width from the runs
+    final = {(p.parent.name): json.loads(p.read_text())["final"]["val_bpc"]
+             for p in (out / "runs" / "austen").glob("*/summary.json")}
+    diffs = [final[f"heun-post-seed{k}"] - final[f"euler-pre-per-layer-seed{k}"] for k in (0, 1)]
+    mean, half = rows["heun post"]["minus_baseline"]
+    assert mean == pytest.approx(np.mean(diffs))
+    assert half == pytest.approx(stats.t.ppf(0.975, 1) * np.std(diffs, ddof=1) / np.sqrt(2))
+    assert rows["euler pre per-layer"]["minus_baseline"] is None
     # each arm at the grid's rate with the lowest loss of its short run (none collapses here)
     grid = results["settings"]["lr_grid"]
     for r in rows.values():
