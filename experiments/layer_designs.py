@@ -628,6 +628,8 @@ def _baseline_report(out: Path, results: dict) -> None:
 def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
     from svflow_jax.training.compare import COLLAPSED
 
+    # each arm is paired by seed (the same initial batches) with the first baseline arm
+    baseline = f"{s['baselines'][0]} per-layer" if s["baselines"] else None
     rows = []
     for arm in lrs:
         design = arm.split()[0]
@@ -648,12 +650,9 @@ def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
                              "all_finished": all(r["adaptive"][i]["all_finished"]
                                                  for r in seeds)})
         collapse = [r.get("collapse", math.nan) for r in seeds]
-        # paired by seed (same initial batches) against the first baseline arm
-        baseline = [f"{b} per-layer" for b in s["baselines"]][:1]
-        pairs = [runs[(arm, k)]["final"]["val_bpc"] - runs[(baseline[0], k)]["final"]["val_bpc"]
+        pairs = [runs[(arm, k)]["final"]["val_bpc"] - runs[(baseline, k)]["final"]["val_bpc"]
                  for k in range(s["seeds"])
-                 if baseline and arm != baseline[0] and (arm, k) in runs
-                 and (baseline[0], k) in runs]
+                 if arm != baseline and (arm, k) in runs and (baseline, k) in runs]
         sweep = {f"{lr:g}": {"val_bpc": tuning[(arm, lr)]["final"].get("val_bpc", math.nan),
                              "collapse": tuning[(arm, lr)]["collapse"],
                              "diverged_at": tuning[(arm, lr)].get("diverged_at")}

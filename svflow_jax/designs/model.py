@@ -247,17 +247,11 @@ class SolverLM(nnx.Module):
         rates = self.rates()
         kind = ("ngpt" if rates is not None else
                 "post" if self.config.norm_position == "post" else "pre")
-        rate_a, rate_f = (None, None) if rates is None else rates
-
-        def field(*parts_and_rates):
-            parts = tuple(p for p, _ in parts_and_rates)
-            return _Field(parts, kind, () if rates is None else
-                          tuple(r for _, r in parts_and_rates))
-
+        rate_a, rate_f = ((), ()) if rates is None else ((rates[0],), (rates[1],))
         if self.config.layer_design.is_splitting:
-            return MultiTerm(ODETerm(field((attention, rate_a))),
-                             ODETerm(field((experts, rate_f))))
-        return ODETerm(field((attention, rate_a), (experts, rate_f)))
+            return MultiTerm(ODETerm(_Field((attention,), kind, rate_a)),
+                             ODETerm(_Field((experts,), kind, rate_f)))
+        return ODETerm(_Field((attention, experts), kind, rate_a + rate_f))
 
     # ---------------------------------------------------------------------------- forward
 
