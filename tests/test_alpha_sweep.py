@@ -18,7 +18,13 @@ import pytest
 from flax import nnx
 
 from svflow_jax import correspondence
-from svflow_jax.alpha_sweep import AlphaOptions, alpha_sweep, scale_updates, scheme_states
+from svflow_jax.alpha_sweep import (
+    AlphaOptions,
+    alpha_sweep,
+    scale_field,
+    scale_updates,
+    scheme_states,
+)
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM, layer_params
 from svflow_jax.transformer.lens import residual_contributions
 
@@ -52,6 +58,30 @@ def test_one_parallel_layer_with_step_alpha_is_the_scaled_branch_sum():
                            "euler", np.array([a]))
         np.testing.assert_allclose(np.asarray(ys), c[0] + a * (c[1] + c[2]), rtol=1e-12,
                                    atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(ffn="swiglu"), dict(ffn="gelu", use_bias=True),
+                                dict(ffn="moe", n_experts=3, top_k=2, expert_ffn="swiglu",
+                                     use_bias=True)], ids=["swiglu", "gelu-bias", "moe-bias"])
+def test_scaling_the_flow_is_scaling_the_weights(kw):
+    """The sweep scales the output maps of the flow it built once (``scale_field``); that is
+    the flow of the weights scaled before the conversion (``scale_updates``), leaf by leaf: the
+    output maps are passed through by ``to_flow`` (the output bias divided by ``rho``: the two
+    orders round once each, hence 2 ulp), every other leaf untouched."""
+    lm = _lm(block="sequential", **kw)
+    rng = np.random.default_rng(1)  # biases start at 0: give them values that show a change
+    params = {k: v + rng.normal(size=v.shape) if k.startswith("b") else v
+              for k, v in layer_params(lm.transformer).items()}
+    alpha = jnp.asarray([0.0, 0.7, 1.9])
+    ours = scale_field(correspondence.to_flow(lm.config, params), alpha)
+    theirs = correspondence.to_flow(lm.config, scale_updates(params, alpha))
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=4.5e-16, atol=0)
+    changed = [not np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(ours), jax.tree.leaves(correspondence.to_flow(lm.config, params)),
+        strict=True)]
+    assert sum(changed) == 2 + 2 * kw.get("use_bias", False)  # W_O, W_2 (and b_O, b_2)
 
 
 def test_rk4_and_heun_solve_the_scaled_flow_at_their_orders():
