@@ -318,18 +318,25 @@ def depth_smoothness(loaded: LoadedModel) -> ClaimResult:
     unrelated weight sets of equal norm give ``sqrt(2) = 1.41`` and cosine 0; weights that
     sample a smooth ``theta(t)`` with step ``h`` give ``O(h)``."""
     start = time.perf_counter()
-    params = {k: np.asarray(v, np.float64) for k, v in layer_params(loaded.model.transformer)
-              .items()}
+    params = layer_params(loaded.model.transformer)
     L = loaded.config.n_layers
     rows, figures = [], {}
     for group, names in _GROUPS.items():
         present = [n for n in names if n in params]
         if not present:
             continue
-        flat = np.concatenate([params[n].reshape(L, -1) for n in present], axis=1)
-        diff = np.linalg.norm(flat[1:] - flat[:-1], axis=1) / np.linalg.norm(flat[:-1], axis=1)
-        cos = np.sum(flat[1:] * flat[:-1], axis=1) / (
-            np.linalg.norm(flat[1:], axis=1) * np.linalg.norm(flat[:-1], axis=1))
+        # The group's weights of layer l as one vector theta_l: its squared norms, the squared
+        # norms of consecutive differences and consecutive inner products, summed parameter by
+        # parameter in float64 (no copy of the whole stack)
+        norm2, step2, inner = np.zeros(L), np.zeros(L - 1), np.zeros(L - 1)
+        for name in present:
+            w = np.asarray(params[name], np.float64).reshape(L, -1)
+            norm2 += np.einsum("li,li->l", w, w)
+            inner += np.einsum("li,li->l", w[1:], w[:-1])
+            step = w[1:] - w[:-1]
+            step2 += np.einsum("li,li->l", step, step)
+        diff = np.sqrt(step2 / norm2[:-1])
+        cos = inner / np.sqrt(norm2[1:] * norm2[:-1])
         rows += [{"group": group, "layers": f"{l + 1}->{l + 2}", "layer": l + 1,
                   "relative_change": float(d), "cosine": float(c)}
                  for l, (d, c) in enumerate(zip(diff, cos, strict=True))]
