@@ -157,7 +157,7 @@ def scheme_states(config: TransformerConfig, params: dict[str, Array], x0: Array
     return _final_states(flow, cfg, solver, jnp.asarray(alpha, x0.dtype), x0)
 
 
-@nnx.jit
+@nnx.jit(graph_updates=False)  # reads the model: no state to write back
 def _nll(lm, states: Array, targets: Array) -> Array:
     return next_token_nll(final_logits(lm, states), targets)
 

@@ -240,7 +240,7 @@ def _sphere_departure(loaded: LoadedModel, tokens, reason: str) -> Evidence:
 # ============================================================================================
 
 
-@nnx.jit
+@nnx.jit(graph_updates=False)  # reads the model: no state to write back
 def _hidden_states(lm: TransformerLM, tokens: Array) -> Array:
     return lm.hidden_states(tokens)
 
@@ -359,7 +359,7 @@ def _flow_final(flow, config, x0, solver, steps_per_layer):
     return ys
 
 
-@nnx.jit
+@nnx.jit(graph_updates=False)
 def _scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
     """Next-token negative log-likelihood and argmax of each position, from the last states."""
     from .next_token import next_token_nll  # the project's one next-token loss

@@ -174,7 +174,7 @@ def _layer_metrics(layer: Block, y: Array, z: Array, inverse: Array, scored: int
     }
 
 
-@nnx.jit(static_argnames=("scored", "dtype"))
+@nnx.jit(static_argnames=("scored", "dtype"), graph_updates=False)  # reads the model
 def _window(model: TransformerLM, tokens, inverse, targets, scored: int, dtype):
     perm = jnp.argsort(inverse, axis=1)  # position pos of sequence p holds clean token perm[p, pos]
 

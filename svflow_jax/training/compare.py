@@ -115,7 +115,7 @@ def token_collapse(model: SolverLM, task, eval_sequences: int, batch_size: int =
     trained depth. 1 means collapse: every position holds the same state, so the head predicts
     one distribution whatever the context (the context-free, unigram loss); near 0 for the
     independent directions of an untrained model."""
-    final = nnx.jit(lambda m, x: m.final_state(x))
+    final = nnx.jit(lambda m, x: m.final_state(x), graph_updates=False)
     values = []
     for inputs, _, _ in task.eval_batches(eval_sequences, batch_size):
         y = final(model, jnp.asarray(inputs))
@@ -137,7 +137,7 @@ def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences
     n = model.config.num_steps
     post = model.config.norm_position == "post"
 
-    @nnx.jit(static_argnums=2)
+    @nnx.jit(static_argnums=2, graph_updates=False)
     def final(m, x, steps):
         y = m.final_state(x, num_steps=steps)
         return y if post else y / jnp.linalg.norm(y, axis=-1, keepdims=True)
