@@ -105,6 +105,14 @@ def depth_transfer(model: SolverLM, task, factors, eval_sequences: int) -> list[
     return rows
 
 
+@nnx.jit(static_argnums=(2, 3), graph_updates=False)  # one program per model structure
+def _final_state(model: SolverLM, inputs, num_steps: int | None, unit: bool):
+    """The final states at ``num_steps`` blocks (default: trained), divided by their norms
+    with ``unit``."""
+    y = model.final_state(inputs, num_steps=num_steps)
+    return y / jnp.linalg.norm(y, axis=-1, keepdims=True) if unit else y
+
+
 #: a run whose :func:`token_collapse` is at least this is reported as collapsed, not ranked
 COLLAPSED = 0.99
 
@@ -115,10 +123,9 @@ def token_collapse(model: SolverLM, task, eval_sequences: int, batch_size: int =
     trained depth. 1 means collapse: every position holds the same state, so the head predicts
     one distribution whatever the context (the context-free, unigram loss); near 0 for the
     independent directions of an untrained model."""
-    final = nnx.jit(lambda m, x: m.final_state(x), graph_updates=False)
     values = []
     for inputs, _, _ in task.eval_batches(eval_sequences, batch_size):
-        y = final(model, jnp.asarray(inputs))
+        y = _final_state(model, jnp.asarray(inputs), None, False)
         u = y / jnp.linalg.norm(y, axis=-1, keepdims=True)
         n = u.shape[-2]
         total = jnp.sum(jnp.sum(u, axis=-2) ** 2, axis=-1)  # sum_{i,j} cos = |sum_i u_i|^2
@@ -135,16 +142,11 @@ def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences
     multiples that double, the ratios tend to ``2^p`` (Richardson); for a model whose blocks do
     not discretise a flow they do not."""
     n = model.config.num_steps
-    post = model.config.norm_position == "post"
-
-    @nnx.jit(static_argnums=2, graph_updates=False)
-    def final(m, x, steps):
-        y = m.final_state(x, num_steps=steps)
-        return y if post else y / jnp.linalg.norm(y, axis=-1, keepdims=True)
-
+    unit = model.config.norm_position != "post"  # pre-norm: the direction the head reads
     states = []
     for mult in multiples:
-        ys = [np.asarray(final(model, jnp.asarray(inputs), int(mult * n)), np.float64)
+        ys = [np.asarray(_final_state(model, jnp.asarray(inputs), int(mult * n), unit),
+                         np.float64)
               for inputs, _, _ in task.eval_batches(eval_sequences, batch_size)]
         states.append(np.concatenate(ys))
     diffs = [float(np.sqrt(np.mean(np.sum((a - b) ** 2, axis=-1))))
