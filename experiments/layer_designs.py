@@ -330,31 +330,41 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
                                                 folder, transfer_factors=(),
                                                 progress=progress)
 
-    print(f"[{time.perf_counter() - start:6.0f}s] throughput", flush=True)
-    from flax import nnx
-
-    from svflow_jax.designs import SolverLM
-
-    speed = {}
+    # --report-only keeps what the study measured besides the runs: throughput, gradient
+    # memory and its run time (a report rewritten later would otherwise time another machine)
+    previous = (json.loads((out / "results.json").read_text())
+                if report_only and (out / "results.json").exists() else None)
     resolved = base.resolved().model
-    for arm in lrs:
-        design = arm.split()[0]
-        m = SolverLM(arm_model(resolved, arm, plan[design]), rngs=nnx.Rngs(0))
-        speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
-    plain = plain_transformer(resolved, int(s["budget"]))
-    speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
-                                      s["throughput_repeats"])
-    speed["transformer"]["parameters"] = count_parameters(plain)
+    memory_design = "rk4" if "rk4" in plan else s["designs"][0]
+    if previous is not None:
+        rates = ("train_tokens_per_s", "inference_tokens_per_s")
+        speed = {r["design"]: {k: r[k] for k in rates} for r in previous["austen"]}
+        speed["transformer"] = previous["transformer"]
+        memory = previous["gradient_memory"]
+    else:
+        print(f"[{time.perf_counter() - start:6.0f}s] throughput", flush=True)
+        from flax import nnx
 
-    print(f"[{time.perf_counter() - start:6.0f}s] gradient memory", flush=True)
-    memory = gradient_memory(resolved.replace(design="rk4" if "rk4" in plan else
-                                              s["designs"][0]),
-                             s["memory_depths"], s["batch_size"])
+        from svflow_jax.designs import SolverLM
+
+        speed = {}
+        for arm in lrs:
+            design = arm.split()[0]
+            m = SolverLM(arm_model(resolved, arm, plan[design]), rngs=nnx.Rngs(0))
+            speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
+        plain = plain_transformer(resolved, int(s["budget"]))
+        speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
+                                          s["throughput_repeats"])
+        speed["transformer"]["parameters"] = count_parameters(plain)
+
+        print(f"[{time.perf_counter() - start:6.0f}s] gradient memory", flush=True)
+        memory = {"design": memory_design, **gradient_memory(
+            resolved.replace(design=memory_design), s["memory_depths"], s["batch_size"])}
 
     results = summarise(s, plan, runs, recall, speed, interval, lrs, tuning)
-    results["gradient_memory"] = {"design": "rk4" if "rk4" in plan else s["designs"][0],
-                                  **memory}
-    results["seconds"] = time.perf_counter() - start
+    results["gradient_memory"] = memory
+    results["seconds"] = (previous["seconds"] if previous is not None
+                          else time.perf_counter() - start)
     results["environment"] = environment()
     write_json(out / "results.json", results)
     write_table(out, results)
@@ -625,6 +635,32 @@ def _baseline_report(out: Path, results: dict) -> None:
     write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
+#: family-wise error rate of the verdicts against the baseline together (Bonferroni over arms)
+ALPHA = 0.05
+
+
+def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict[str, dict]:
+    """Each arm against the trained baseline from its per-seed differences ``arm - baseline``
+    (validation bits per character, paired by seed): the two-sided Student-t interval at level
+    ``1 - alpha / m``, Bonferroni over the ``m`` arms compared, decides ``better`` (below 0:
+    fewer bits, the sign fixed before the run), ``worse`` (above 0) or ``unresolved`` (it
+    holds 0, or fewer than 2 seeds)."""
+    from svflow_jax.training.compare import interval
+
+    m = sum(1 for v in pairs.values() if v)
+    out = {}
+    for arm, values in pairs.items():
+        if not values:
+            continue
+        level = 1 - alpha / m
+        mean, half = interval(values, level)
+        verdict = ("better" if mean + half < 0 else "worse" if mean - half > 0
+                   else "unresolved") if half == half else "unresolved"
+        out[arm] = {"interval": [mean, half], "level": level, "comparisons": m,
+                    "verdict": verdict}
+    return out
+
+
 def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
     from svflow_jax.training.compare import COLLAPSED
 
@@ -662,10 +698,14 @@ def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
                      "evaluations": seeds[0]["evaluations"], "parameters": seeds[0]["parameters"],
                      "val_bpc": bpc, "transfer": transfer, "adaptive": adaptive,
                      "minus_baseline": interval(pairs) if pairs else None,
+                     "pairs": pairs,
                      "collapse": collapse,
                      "collapsed": sum(c >= COLLAPSED for c in collapse),
                      "train_seconds": interval([r["train_seconds"] for r in seeds]),
                      **speed[arm]})
+    decided = versus_baseline({r["design"]: r.pop("pairs") for r in rows})
+    for r in rows:
+        r["versus_baseline"] = decided.get(r["design"])
     recall_rows = []
     for design in s["recall_designs"]:
         seeds = [recall[(design, k)] for k in range(s["seeds"]) if (design, k) in recall]
@@ -676,6 +716,11 @@ def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:
                             "accuracy": interval([r["final"]["val_accuracy"] for r in seeds])})
     return {"settings": s, "austen": rows, "recall": recall_rows,
             "transformer": speed["transformer"]}
+
+
+def _comparisons(results: dict) -> int:
+    return next((r["versus_baseline"]["comparisons"] for r in results["austen"]
+                 if r.get("versus_baseline")), 0)
 
 
 def _fmt(pair, digits=3) -> str:
@@ -692,6 +737,19 @@ def _transfer_words(row) -> str:
     return "; ".join(parts)
 
 
+def _versus_columns(v: dict | None) -> dict:
+    """The Bonferroni decision against the baseline as table columns (empty for the baseline)."""
+    if v is None:
+        return {"versus_baseline": "", "versus_baseline_halfwidth": "",
+                "versus_baseline_level": ""}
+    return {"versus_baseline": v["verdict"], "versus_baseline_halfwidth": v["interval"][1],
+            "versus_baseline_level": v["level"]}
+
+
+def _versus_words(v: dict | None) -> str:
+    return "" if v is None else f"; **{v['verdict']}** (± {v['interval'][1]:.3f})"
+
+
 def write_table(out: Path, results: dict) -> None:
     from svflow_jax.reporting import write_csv
 
@@ -702,6 +760,7 @@ def write_table(out: Path, results: dict) -> None:
          "minus_baseline_mean": "" if r["minus_baseline"] is None else r["minus_baseline"][0],
          "minus_baseline_halfwidth95": ("" if r["minus_baseline"] is None
                                         else r["minus_baseline"][1]),
+         **_versus_columns(r.get("versus_baseline")),
          "lr": r["lr"],
          "final_state_cosine_per_seed": " ".join(f"{c:.3f}" for c in r["collapse"]),
          "collapsed_seeds": r["collapsed"], "transfer": _transfer_words(r),
@@ -798,7 +857,10 @@ def write_report(out: Path, s, results) -> None:
         f"Baseline: {', '.join(f'`{arm} per-layer`' for arm in s['baselines']) or 'none'} "
         f"(N blocks of their own weights: a Transformer, the same compute, more parameters); "
         f"each arm's difference from it is paired by seed (the same initial batches), 95% "
-        f"Student t, one comparison per arm.",
+        f"Student t, and decided at level 1 - {ALPHA:g}/m, Bonferroni over the m = "
+        f"{_comparisons(results)} arms compared: **better** (the interval below 0: fewer "
+        f"bits, the sign fixed before the run), **worse** (above 0) or **unresolved**, with "
+        f"the Bonferroni half-width.",
         "",
         f"Collapse: the mean cosine between a sequence's final token states, per seed; a "
         f"seed at {COLLAPSED} or above has collapsed (every token at one point) and its "
@@ -814,7 +876,8 @@ def write_report(out: Path, s, results) -> None:
         if r["collapsed"]:
             bpc = f"collapsed ({r['collapsed']} of {r['seeds']} seeds): {bpc}"
         cosines = " ".join(f"{c:.2f}" for c in r["collapse"])
-        paired = "-" if r["minus_baseline"] is None else _fmt(r["minus_baseline"])
+        paired = ("-" if r["minus_baseline"] is None else _fmt(r["minus_baseline"])
+                  + _versus_words(r.get("versus_baseline")))
         lines.append(f"| {r['design']} | {r['blocks']} | {r['evaluations']:g} | "
                      f"{r['parameters']} | {r['lr']:g} | {r['seeds']} | {bpc} | {paired} | "
                      f"{cosines} | "

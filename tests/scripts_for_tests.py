@@ -1,6 +1,8 @@
 """Running the experiment scripts as a user would: ``python experiments/<script>`` in a fresh
-interpreter, on the CPU, with this repository importable."""
+interpreter, on the CPU, with this repository importable; or importing one, to test its
+functions."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,6 +25,18 @@ def users_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]
     if ours is not None and env.get("XLA_FLAGS") == ours:
         del env["XLA_FLAGS"]
     return env
+
+
+def import_script(name: str):
+    """``experiments/<name>`` imported as a module (once per process), for tests of its
+    functions."""
+    module_name = "experiments_" + Path(name).stem
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, ROOT / "experiments" / name)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
 
 
 def run_script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 from scipy import stats
-from scripts_for_tests import assert_refused, run_script
+from scripts_for_tests import assert_refused, import_script, run_script
 
 
 @pytest.mark.parametrize(("bad", "named"), [
@@ -67,6 +67,15 @@ def test_quick_experiment_writes_the_report(tmp_path):
     assert mean == pytest.approx(np.mean(diffs))
     assert half == pytest.approx(stats.t.ppf(0.975, 1) * np.std(diffs, ddof=1) / np.sqrt(2))
     assert rows["euler pre per-layer"]["minus_baseline"] is None
+    # and decided at 1 - 0.05 / m, Bonferroni over the m arms compared with the baseline
+    m = len(rows) - 1
+    decided = rows["heun post"]["versus_baseline"]
+    assert decided["comparisons"] == m and decided["level"] == pytest.approx(1 - 0.05 / m)
+    wide = stats.t.ppf(1 - 0.05 / m / 2, 1) * np.std(diffs, ddof=1) / np.sqrt(2)
+    assert decided["interval"][1] == pytest.approx(wide)
+    assert decided["verdict"] == ("better" if mean + wide < 0 else "worse" if mean - wide > 0
+                                  else "unresolved")
+    assert rows["euler pre per-layer"]["versus_baseline"] is None
     # each arm at the grid's rate with the lowest loss of its short run (none collapses here)
     grid = results["settings"]["lr_grid"]
     for r in rows.values():
@@ -103,6 +112,15 @@ def test_quick_experiment_writes_the_report(tmp_path):
         table = list(csv.DictReader(f))
     assert [row["design"] for row in table] == list(rows)
     assert all(len(row["final_state_cosine_per_seed"].split()) == 2 for row in table)
+    # --report-only rewrites the report from the runs and keeps what the study measured
+    # (throughput, gradient memory, run time) instead of timing this machine again
+    again = run_script("layer_designs.py", "--quick", "--part", "designs", "--out", str(out),
+                       "--no-progress", "--report-only")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "throughput" not in again.stdout
+    rewritten = json.loads((out / "results.json").read_text())
+    assert {k: v for k, v in rewritten.items() if k != "environment"} == {
+        k: v for k, v in results.items() if k != "environment"}
 
 
 def test_quick_baseline_part(tmp_path):
@@ -159,3 +177,35 @@ def test_quick_depth_part(tmp_path):
     assert base["model"]["weights"] == "per_layer" and base["extra_depths"] == []
     assert base["model"]["num_anchors"] == rows[0]["blocks"]
     assert "Richardson ratios" in (out / "depth" / "report.md").read_text()
+
+
+def _script():
+    return import_script("layer_designs.py")
+
+
+def test_verdicts_against_the_baseline_can_fail():
+    """The rule that ranks the designs against the trained baseline, on synthetic per-seed
+    differences: a clear effect (-0.5 +- 0.01 over 3 seeds) is "better" and its mirror
+    "worse"; the same mean scattered over the seeds (sd 0.5) and arms built to lack the effect
+    are "unresolved"; and over 2000 families of 14 null arms x 3 seeds, the share of families
+    with any decision (the family-wise error rate Bonferroni bounds by 0.05) is at most
+    0.05 plus three binomial standard errors. The half-width is SciPy's Student t at
+    1 - 0.05 / (2 m)."""
+    decide = _script().versus_baseline
+    rng = np.random.default_rng(0)
+    clear = list(-0.5 + 0.01 * rng.standard_normal(3))
+    scattered = list(-0.5 + 0.5 * rng.standard_normal(3))
+    out = decide({"clear": clear, "mirror": [-v for v in clear], "scattered": scattered,
+                  "one seed": [-0.5], "no runs": []})
+    assert [out[a]["verdict"] for a in ("clear", "mirror", "scattered", "one seed")] == [
+        "better", "worse", "unresolved", "unresolved"]
+    assert "no runs" not in out and out["clear"]["comparisons"] == 4
+    half = stats.t.ppf(1 - 0.05 / 8, 2) * np.std(clear, ddof=1) / np.sqrt(3)
+    assert out["clear"]["interval"] == pytest.approx([np.mean(clear), half])
+    families, arms = 2000, 14
+    decided = 0
+    for _ in range(families):
+        null = decide({f"arm{i}": list(rng.standard_normal(3)) for i in range(arms)})
+        decided += any(v["verdict"] != "unresolved" for v in null.values())
+    rate = decided / families
+    assert rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / families), rate

@@ -8,27 +8,16 @@ thresholds and could not tell the two apart); one seed leaves a verdict undecide
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.stats
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts_for_tests import import_script
 
 
 def _script():
-    name = "objective_moe_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" /
-                                                      "objective_moe.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return import_script("objective_moe.py")
 
 
 def _row(moe: bool, usage: float, dead: float, attn: float, cos_attn: float, cos_moe: float):
