@@ -334,8 +334,6 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
     # memory and its run time (a report rewritten later would otherwise time another machine)
     previous = (json.loads((out / "results.json").read_text())
                 if report_only and (out / "results.json").exists() else None)
-    resolved = base.resolved().model
-    memory_design = "rk4" if "rk4" in plan else s["designs"][0]
     if previous is not None:
         rates = ("train_tokens_per_s", "inference_tokens_per_s")
         speed = {r["design"]: {k: r[k] for k in rates} for r in previous["austen"]}
@@ -347,6 +345,7 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
 
         from svflow_jax.designs import SolverLM
 
+        resolved = base.resolved().model
         speed = {}
         for arm in lrs:
             design = arm.split()[0]
@@ -358,6 +357,7 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
         speed["transformer"]["parameters"] = count_parameters(plain)
 
         print(f"[{time.perf_counter() - start:6.0f}s] gradient memory", flush=True)
+        memory_design = "rk4" if "rk4" in plan else s["designs"][0]
         memory = {"design": memory_design, **gradient_memory(
             resolved.replace(design=memory_design), s["memory_depths"], s["batch_size"])}
 
@@ -648,11 +648,11 @@ def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict
     from svflow_jax.training.compare import interval
 
     m = sum(1 for v in pairs.values() if v)
+    level = 1 - alpha / max(m, 1)
     out = {}
     for arm, values in pairs.items():
         if not values:
             continue
-        level = 1 - alpha / m
         mean, half = interval(values, level)
         verdict = ("better" if mean + half < 0 else "worse" if mean - half > 0
                    else "unresolved") if half == half else "unresolved"

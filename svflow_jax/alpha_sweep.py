@@ -96,9 +96,13 @@ def scale_updates(params: dict[str, Array], alpha: Float[Array, " L"]) -> dict[s
     out = dict(params)
     for name in OUTPUT_MAPS:
         if name in params:
-            w = params[name]
-            out[name] = w * jnp.reshape(alpha, (-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)
+            out[name] = _per_layer(params[name], alpha)
     return out
+
+
+def _per_layer(w: Array, alpha: Float[Array, " L"]) -> Array:
+    """``w`` (leading axis: the layers) with layer ``l``'s slice multiplied by ``alpha[l]``."""
+    return w * jnp.reshape(alpha, (-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)
 
 
 def scale_field(flow: correspondence.LayerFlow, alpha: Float[Array, " L"]
@@ -108,9 +112,7 @@ def scale_field(flow: correspondence.LayerFlow, alpha: Float[Array, " L"]
     by ``alpha[l]``, so ``scale_field(to_flow(c, p), a)`` is ``to_flow(c, scale_updates(p, a))``
     (the field of layer ``l`` times ``alpha[l]``) without converting the weights again."""
     def scaled(w: Array | None) -> Array | None:
-        if w is None:
-            return None
-        return w * jnp.reshape(alpha, (-1,) + (1,) * (w.ndim - 1)).astype(w.dtype)
+        return None if w is None else _per_layer(w, alpha)
 
     attention = flow.attention.params.anchors
     experts = flow.experts.params.anchors.experts
