@@ -381,6 +381,39 @@ def test_single_steps_closed_forms():
     np.testing.assert_allclose(_one_step(Retracted(diffrax.Heun()), TERM, h), expected, atol=1e-15)
 
 
+def _dense_rkmk4_step(h):
+    """RKMK4's step written with ``d x d`` generators and SciPy's matrix exponential, token by
+    token (the formulas of the RKMK4 docstring, without its coefficient space)."""
+    def xi(t, y):
+        k = h * np.asarray(total_field(t, jnp.asarray(y), PARAMS))
+        k = k - np.sum(k * y, -1, keepdims=True) * y
+        return np.einsum("ni,nj->nij", k, y) - np.einsum("ni,nj->nij", y, k)
+
+    def act(u, y):
+        z = np.stack([scipy.linalg.expm(u_i) @ y_i for u_i, y_i in zip(u, y, strict=True)])
+        return z / np.linalg.norm(z, axis=-1, keepdims=True)
+
+    def bracket(a, b):
+        return a @ b - b @ a
+
+    y0, t0 = np.asarray(Y0), 0.3
+    k1 = xi(t0, y0)
+    k2 = xi(t0 + h / 2, act(k1 / 2, y0))
+    k3 = xi(t0 + h / 2, act(k2 / 2 - bracket(k1, k2) / 8, y0))
+    k4 = xi(t0 + h, act(k3, y0))
+    return act((k1 + 2 * k2 + 2 * k3 + k4) / 6 - bracket(k1, k4) / 12, y0)
+
+
+@pytest.mark.parametrize("h", [0.5, 0.1, 0.01])
+def test_rkmk4_step_equals_dense_exponentials(h):
+    """RKMK4 acts with ``5 x 5`` exponentials in the span of ``y0`` and its stage values; the
+    step is the one of dense ``d x d`` exponentials (SciPy), to round-off."""
+    got = np.asarray(_one_step(RKMK4(), TERM, h))
+    expected = _dense_rkmk4_step(h)
+    assert np.abs(got - np.asarray(Y0)).max() > 1e-3 * h  # the step moves the state
+    np.testing.assert_allclose(got, expected, rtol=0, atol=3e-15)
+
+
 def test_lie_trotter_is_attention_then_ffn_layer():
     """One LieTrotter(RetractedEuler) step = R(x + h A), then R(. + h B): a Transformer block."""
     h = 0.1

@@ -23,8 +23,8 @@ Solvers (global order on a smooth field in brackets), one family per module:
 * :mod:`.lie_group`: :class:`CrouchGrossman3` [3]: each stage freezes the so(d) generator of
   every token and acts on the sphere by rotations (write another Crouch-Grossman method by
   subclassing :class:`AbstractCrouchGrossman` with its tableau); :class:`RKMK4` [4]:
-  Runge-Kutta-Munthe-Kaas with the classical RK4 tableau (dense ``d x d`` matrix exponentials:
-  a reference method for small ``d``).
+  Runge-Kutta-Munthe-Kaas with the classical RK4 tableau (its exponentials act in the span of
+  ``y0`` and the four stage values: ``5 x 5`` matrices per token, never ``d x d``).
 * :mod:`.splitting`: :class:`LieTrotter`, :class:`Strang`: splittings of a
   :class:`diffrax.MultiTerm` of two fields (attention block then FFN block; Macaron block) with
   any single-step sphere solver as sub-step.

@@ -513,7 +513,7 @@ def _builtin() -> list[Method]:
                "Crouch-Grossman Lie-group method: three stages, each a product of plane "
                "rotations"),
         Method("rkmk4", RKMK4(), None, None,
-               "Runge-Kutta-Munthe-Kaas: RK4 in the Lie algebra so(d) (matrix exponentials)",
+               "Runge-Kutta-Munthe-Kaas: RK4 in the Lie algebra so(d) (5 x 5 exponentials)",
                step_range=(4, 200)),
         Method("lie-trotter", LieTrotter(RetractedEuler()),
                LieTrotter(WithinStep(diffrax.Euler())), None,

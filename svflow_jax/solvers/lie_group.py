@@ -140,30 +140,40 @@ class CrouchGrossman3(AbstractCrouchGrossman):
     method_order: ClassVar[int] = 3
 
 
-def _generator(x: Array, k: Array) -> Array:
-    """so(d) element ``k x^T - x k^T`` per row (shape ``(..., d, d)``); it maps ``x`` to ``k``
-    when ``k`` is tangent at ``x``."""
-    k = sphere.project_tangent(x, k)
-    outer = k[..., :, None] * x[..., None, :]
+def _gram(basis: Array) -> Array:
+    """``G = V V^T`` of the basis rows ``V`` (shape ``(..., m, m)``)."""
+    return jnp.einsum("...id,...jd->...ij", basis, basis)
+
+
+def _wedge(b: Array, a: Array) -> Array:
+    """Coefficients ``K = b a^T - a b^T`` of the generator ``p y^T - y p^T``, for ``p = V^T b``
+    and ``y = V^T a`` (then ``V^T K V`` is the generator)."""
+    outer = b[..., :, None] * a[..., None, :]
     return outer - jnp.swapaxes(outer, -1, -2)
 
 
-def _bracket(a: Array, b: Array) -> Array:
-    return a @ b - b @ a
+def _bracket(a: Array, gram: Array, b: Array) -> Array:
+    """Coefficients of ``[V^T A V, V^T B V] = V^T (A G B - B G A) V``."""
+    return a @ gram @ b - b @ gram @ a
 
 
-def _act(u: Array, y: Array) -> Array:
-    """``exp(u) y`` per row, with a dense ``d x d`` matrix exponential."""
-    return sphere.retract(jnp.einsum("...ij,...j->...i", jsl.expm(u), y))
+def _act(s: Array, gram: Array, basis: Array) -> tuple[Array, Array]:
+    """``y = exp(V^T S V) y0`` on the sphere, for ``y0 = V^T e_1`` (the first basis row), and
+    its coefficients ``c`` (``y = V^T c``): ``(V^T S V) V^T = V^T (S G)``, hence
+    ``exp(V^T S V) V^T e_1 = V^T expm(S G) e_1``."""
+    c = jsl.expm(s @ gram)[..., :, 0]
+    c = c / jnp.sqrt(jnp.einsum("...i,...ij,...j->...", c, gram, c))[..., None]
+    return c, jnp.einsum("...i,...id->...d", c, basis)
 
 
 class RKMK4(AbstractSphereSolver):
     """Runge-Kutta-Munthe-Kaas method with the classical RK4 tableau.
 
-    Per token, ``xi(t, y) = f(t, y) y^T - y f(t, y)^T`` in so(d) (``xi(y) y = f(y)``). The
-    Lie-algebra increments solve ``u' = dexp_u^{-1}(xi(exp(u) y0))``; with the RK4 tableau it
-    is enough to keep the commutators below (Munthe-Kaas 1999; Hairer, Lubich & Wanner,
-    *Geometric Numerical Integration*, IV.8):
+    Per token, ``xi(t, y) = f(t, y) y^T - y f(t, y)^T`` in so(d) (``xi(y) y = f(y)``, with
+    ``f`` projected on the tangent space at ``y``). The Lie-algebra increments solve
+    ``u' = dexp_u^{-1}(xi(exp(u) y0))``; with the RK4 tableau it is enough to keep the
+    commutators below (Munthe-Kaas 1999; Hairer, Lubich & Wanner, *Geometric Numerical
+    Integration*, IV.8):
 
         k1 = h xi(t0,       y0)
         k2 = h xi(t0 + h/2, exp(k1/2) y0)
@@ -186,14 +196,25 @@ class RKMK4(AbstractSphereSolver):
         terms, _ = within_step(terms, t0, t1)
         control = terms.contr(t0, t1)
         h = t1 - t0
+        m = 5  # basis rows: y0, then h f at each of the four stages (zero until evaluated)
+        basis = jnp.zeros((*y0.shape[:-1], m, y0.shape[-1]), y0.dtype).at[..., 0, :].set(y0)
+        eye = jnp.eye(m, dtype=y0.dtype)
 
-        def xi(t, y):
-            return _generator(y, terms.vf_prod(t, y, args, control))
+        def stage(i, t, s, basis):
+            """Stage ``i``: the point ``exp(V^T s V) y0`` (``y0`` for ``s = None``), ``h f``
+            there as basis row ``i``; the new basis, its Gram matrix and ``k_i``'s
+            coefficients."""
+            c, y = (eye[0], y0) if s is None else _act(s, _gram(basis), basis)
+            v = terms.vf_prod(t, y, args, control)
+            basis = basis.at[..., i, :].set(v)
+            # k_i = p y^T - y p^T with p = v - (y . v) y, the tangent part of v at y
+            b = eye[i] - sphere.dot(y, v) * c
+            return basis, _gram(basis), _wedge(b, c)
 
-        k1 = xi(t0, y0)
-        k2 = xi(t0 + 0.5 * h, _act(0.5 * k1, y0))
-        k3 = xi(t0 + 0.5 * h, _act(0.5 * k2 - _bracket(k1, k2) / 8, y0))
-        k4 = xi(t1, _act(k3, y0))
-        u = (k1 + 2 * k2 + 2 * k3 + k4) / 6 - _bracket(k1, k4) / 12
-        y1 = _act(u, y0)
+        basis, gram, k1 = stage(1, t0, None, basis)
+        basis, gram, k2 = stage(2, t0 + 0.5 * h, 0.5 * k1, basis)
+        basis, gram, k3 = stage(3, t0 + 0.5 * h, 0.5 * k2 - _bracket(k1, gram, k2) / 8, basis)
+        basis, gram, k4 = stage(4, t1, k3, basis)
+        u = (k1 + 2 * k2 + 2 * k3 + k4) / 6 - _bracket(k1, gram, k4) / 12
+        _, y1 = _act(u, gram, basis)
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
