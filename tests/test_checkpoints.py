@@ -18,6 +18,7 @@ import json
 import math
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import gguf
@@ -34,6 +35,7 @@ from svflow_jax.checkpoints import (
     load_gguf,
     load_hf,
 )
+from svflow_jax.checkpoints.gguf_file import read_gguf
 from svflow_jax.transformer import embedding_params, layer_params, outer_norm_params
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -302,6 +304,126 @@ def test_gguf_missing_tensor(tmp_path):
     path = tmp_path / "missing.gguf"
     _copy_gguf(path, drop=("blk.1.ffn_up.weight",))
     with pytest.raises(CheckpointError, match=r"missing tensors \['blk\.1\.ffn_up\.weight'\]"):
+        load(path)
+
+
+def _every_value_type_gguf(path: Path, alignment: int | None) -> None:
+    """A GGUF written by ``gguf.GGUFWriter``: a key of every value type, arrays of strings,
+    ints, floats and bools, non-ASCII strings, F32, F16, BF16 and Q8_0 tensors."""
+    V, Q = gguf.GGUFValueType, gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    scalars = {
+        V.UINT8: 255, V.INT8: -128, V.UINT16: 65535, V.INT16: -32768, V.UINT32: 2**32 - 1,
+        V.INT32: -(2**31), V.FLOAT32: 0.1, V.BOOL: True, V.STRING: "é ✓ 日本語 \U0001f600",
+        V.UINT64: 2**64 - 1, V.INT64: -(2**63), V.FLOAT64: 0.1,
+    }
+    for vtype, value in scalars.items():
+        writer.add_key_value(f"test.{vtype.name.lower()}", value, vtype)
+    arrays = {
+        V.STRING: ["a", "", "Ġthe", "é ✓"], V.INT32: [1, -2, 3], V.UINT8: [0, 255],
+        V.UINT64: [0, 2**64 - 1], V.FLOAT32: [0.1, -2.5, 1e30], V.FLOAT64: [0.1, -1e300],
+        V.BOOL: [True, False, True],
+    }
+    for sub, value in arrays.items():
+        writer.add_key_value(f"test.array.{sub.name.lower()}", value, V.ARRAY, sub_type=sub)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("f32", rng.standard_normal((2, 3)).astype(np.float32))
+    writer.add_tensor("f16", rng.standard_normal((4, 5)).astype(np.float16))
+    for qtype in (Q.BF16, Q.Q8_0):
+        data = gguf.quants.quantize(rng.standard_normal((3, 64)).astype(np.float32), qtype)
+        writer.add_tensor(qtype.name.lower(), data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _one_key_gguf(value: bytes) -> bytes:
+    """A GGUF v3 file with no tensors and one key, ``test.value``, of the (type, value) bytes
+    given; for what ``GGUFWriter`` refuses to write (an empty array)."""
+    key = b"test.value"
+    return struct.pack("<4sIQQQ", b"GGUF", 3, 0, 1, len(key)) + key + value
+
+
+@pytest.fixture(params=["golden", "golden-llamacpp", "every-value-type",
+                        "every-value-type-aligned-4096", "empty-array"])
+def gguf_file(request, tmp_path) -> Path:
+    if request.param.startswith("golden"):
+        return GGUFS[request.param.replace("golden", "gguf")]
+    path = tmp_path / f"{request.param}.gguf"
+    if request.param == "every-value-type":
+        _every_value_type_gguf(path, None)
+        # The default alignment shows: the data starts at a multiple of 32, not of 64.
+        assert gguf.GGUFReader(str(path)).data_offset % 64 == 32
+    elif request.param.endswith("4096"):
+        _every_value_type_gguf(path, 4096)
+    else:
+        path.write_bytes(_one_key_gguf(struct.pack("<IIQ", 9, 4, 0)))  # ARRAY of 0 UINT32
+    return path
+
+
+def test_gguf_header_reads_like_gguf_reader(gguf_file):
+    """Our header reader against the gguf package's ``GGUFReader``: the same metadata (keys in
+    order, values and their Python types) and the same tensors (name, shape, type, offset,
+    the memory-mapped data's dtype, shape and bytes)."""
+    meta, tensors = read_gguf(gguf_file)
+    reader = gguf.GGUFReader(str(gguf_file))
+    expect = {name: field.contents() for name, field in reader.fields.items()}
+
+    def typed(value):
+        return [typed(v) for v in value] if isinstance(value, list) else (type(value), value)
+
+    assert list(meta) == list(expect)
+    for key, value in expect.items():
+        assert typed(meta[key]) == typed(value), key
+    assert list(tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        ours = tensors[t.name]
+        assert (ours.shape, ours.qtype, ours.data_offset, ours.n_bytes) == (
+            tuple(reversed(t.shape.tolist())), t.tensor_type, t.data_offset, t.n_bytes
+        ), t.name
+        assert isinstance(ours.data, np.memmap) and not ours.data.flags.writeable
+        assert (ours.data.dtype, ours.data.shape) == (t.data.dtype, t.data.shape), t.name
+        assert ours.data.tobytes() == t.data.tobytes(), t.name
+
+
+def _field_part(reader, name: str, part: int) -> int:
+    """Where part ``part`` of a GGUFReader field starts in the file: for a metadata key 0 the
+    key's length, 1 the key, 2 the value type, then the value's parts (an array: 3 the element
+    type, 4 the count, 5 the first string's length, ...); for a tensor 4 its type, 5 its
+    offset."""
+    fields = {**reader.fields, **{t.name: t.field for t in reader.tensors}}
+    return fields[name].offset + sum(int(p.nbytes) for p in fields[name].parts[:part])
+
+
+@pytest.mark.parametrize(
+    ("name", "part", "new", "match"),
+    [
+        ("general.name", 0, struct.pack("<Q", 2**60), r"needs 1152921504606846976 bytes"),
+        ("general.name", 1, b"\xff", r"UnicodeDecodeError"),
+        ("tokenizer.ggml.tokens", 4, struct.pack("<Q", 2**54), r"18014398509481984 items"),
+        ("tokenizer.ggml.tokens", 5, struct.pack("<Q", 2**40), r"1099511627776 bytes passes"),
+        ("tokenizer.ggml.token_type", 4, struct.pack("<Q", 2**32), r"4294967296 items"),
+        ("tokenizer.ggml.token_type", 3, struct.pack("<I", 9), r"arrays of arrays"),
+        ("llama.block_count", 2, struct.pack("<I", 13), r"unknown value type 13"),
+        ("blk.1.ffn_down.weight", 4, struct.pack("<I", 99), r"99 is not a valid GGMLQuant"),
+        ("blk.1.ffn_down.weight", 5, struct.pack("<Q", 2**40), r"passes the end of the file"),
+        ("GGUF.version", 0, struct.pack(">I", 3), r"big-endian"),
+    ],
+)
+def test_gguf_damaged_header_is_refused(tmp_path, name, part, new, match):
+    """One field of the golden GGUF overwritten (a length, a count, a type, a key's byte, a
+    tensor's offset, the version in the other byte order) is a CheckpointError naming the
+    file and what is wrong."""
+    at = _field_part(gguf.GGUFReader(str(GGUF_PATH)), name, part)
+    data = bytearray(GGUF_PATH.read_bytes())
+    data[at: at + len(new)] = new
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=re.escape(f"{path}: unreadable GGUF header") +
+                       ".*" + match):
         load(path)
 
 

@@ -1,5 +1,6 @@
 """GGUF files (llama.cpp's format): float or quantised tensors, dequantised with the ``gguf``
-package, and the tokenizer stored in the metadata (``tokenizer.ggml.*``, byte-level BPE).
+package, and the tokenizer stored in the metadata (``tokenizer.ggml.*``, byte-level BPE). The
+header and tensor table are read by :mod:`.gguf_file`.
 
 The ``general.architecture`` picks the family (a :class:`~.families.GGUFLayout`); today
 ``llama``. GGUF lists dimensions innermost first; the arrays here (and our shapes) are in NumPy
@@ -29,6 +30,7 @@ from svflow_jax.checkpoints.base import (
 )
 from svflow_jax.checkpoints.families import FAMILIES, GGUFLayout
 from svflow_jax.checkpoints.families.llama import llama_cpp_unpermute
+from svflow_jax.checkpoints.gguf_file import GGUFTensor, read_gguf
 from svflow_jax.checkpoints.specs import embedding_specs, layer_specs, norm_specs
 from svflow_jax.transformer import RoPE, TransformerConfig
 
@@ -42,20 +44,17 @@ def _layouts() -> dict[str, GGUFLayout]:
 
 
 class GGUFSource(Source):
-    def __init__(self, reader: Any, where: str):
+    def __init__(self, tensors: Mapping[str, GGUFTensor], where: str):
         self.where = where
-        self._tensors = {t.name: t for t in reader.tensors}
-        # ne (innermost first) reversed = NumPy order.
-        self.shapes = {
-            t.name: tuple(int(n) for n in reversed(t.shape.tolist())) for t in reader.tensors
-        }
+        self._tensors = dict(tensors)
+        self.shapes = {name: t.shape for name, t in tensors.items()}
 
     def check_types(self, names: Iterable[str]) -> None:
         import gguf
 
         bad = []
         for name in names:
-            qtype = self._tensors[name].tensor_type
+            qtype = self._tensors[name].qtype
             if qtype.name in _FLOAT_TYPES:
                 continue
             if qtype.name.startswith("I") and qtype.name[1:].isdigit():  # I8..I64
@@ -79,9 +78,9 @@ class GGUFSource(Source):
         t = self._tensors[name]
         shape = self.shapes[name]
         try:
-            if t.tensor_type.name in _FLOAT_TYPES and t.tensor_type.name != "BF16":
+            if t.qtype.name in _FLOAT_TYPES and t.qtype.name != "BF16":
                 return np.asarray(t.data).reshape(shape)
-            return gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+            return gguf.quants.dequantize(t.data, t.qtype).reshape(shape)
         except Exception as err:  # noqa: BLE001 - a tensor cut short, a damaged block
             raise CheckpointError(
                 f"{self.where}: tensor {name!r} unreadable (expected shape {shape}; {err})"
@@ -220,16 +219,8 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Any:
 
 def _read(path: Path) -> tuple[dict[str, Any], GGUFSource]:
     """The metadata and tensors of a GGUF file; a damaged file is a :class:`CheckpointError`."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-        meta = {name: field.contents() for name, field in reader.fields.items()}
-        return meta, GGUFSource(reader, str(path))
-    except Exception as err:  # noqa: BLE001 - the reader raises whatever a bad byte triggers
-        raise CheckpointError(
-            f"{path}: unreadable GGUF header or tensor table ({type(err).__name__}: {err})"
-        ) from None
+    meta, tensors = read_gguf(path)
+    return meta, GGUFSource(tensors, str(path))
 
 
 def load_gguf(
