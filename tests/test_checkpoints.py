@@ -686,7 +686,8 @@ def test_bit_flipped_header(tmp_path, kind, seed):
     if kind == "gguf":
         path = target = tmp_path / "flip.gguf"
         data = bytearray(GGUF_PATH.read_bytes())
-        header_end = 4096  # metadata and tensor table of the golden GGUF
+        # metadata and tensor table of the golden GGUF: everything before the first tensor
+        header_end = min(t.data_offset for t in gguf.GGUFReader(str(GGUF_PATH)).tensors)
     else:
         path, _, _ = _copy_folder(tmp_path, "qwen2")
         target = path / "model.safetensors"
