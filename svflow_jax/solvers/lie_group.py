@@ -200,21 +200,22 @@ class RKMK4(AbstractSphereSolver):
         basis = jnp.zeros((*y0.shape[:-1], m, y0.shape[-1]), y0.dtype).at[..., 0, :].set(y0)
         eye = jnp.eye(m, dtype=y0.dtype)
 
-        def stage(i, t, s, basis):
-            """Stage ``i``: the point ``exp(V^T s V) y0`` (``y0`` for ``s = None``), ``h f``
-            there as basis row ``i``; the new basis, its Gram matrix and ``k_i``'s
-            coefficients."""
-            c, y = (eye[0], y0) if s is None else _act(s, _gram(basis), basis)
+        def stage(i, t, s, basis, gram):
+            """Stage ``i``: the point ``exp(V^T s V) y0`` (``y0`` for ``s = None``; ``gram``:
+            the basis's Gram matrix), ``h f`` there as basis row ``i``; the new basis, its Gram
+            matrix and ``k_i``'s coefficients."""
+            c, y = (eye[0], y0) if s is None else _act(s, gram, basis)
             v = terms.vf_prod(t, y, args, control)
             basis = basis.at[..., i, :].set(v)
             # k_i = p y^T - y p^T with p = v - (y . v) y, the tangent part of v at y
             b = eye[i] - sphere.dot(y, v) * c
             return basis, _gram(basis), _wedge(b, c)
 
-        basis, gram, k1 = stage(1, t0, None, basis)
-        basis, gram, k2 = stage(2, t0 + 0.5 * h, 0.5 * k1, basis)
-        basis, gram, k3 = stage(3, t0 + 0.5 * h, 0.5 * k2 - _bracket(k1, gram, k2) / 8, basis)
-        basis, gram, k4 = stage(4, t1, k3, basis)
+        basis, gram, k1 = stage(1, t0, None, basis, None)
+        basis, gram, k2 = stage(2, t0 + 0.5 * h, 0.5 * k1, basis, gram)
+        basis, gram, k3 = stage(3, t0 + 0.5 * h, 0.5 * k2 - _bracket(k1, gram, k2) / 8, basis,
+                                gram)
+        basis, gram, k4 = stage(4, t1, k3, basis, gram)
         u = (k1 + 2 * k2 + 2 * k3 + k4) / 6 - _bracket(k1, gram, k4) / 12
         _, y1 = _act(u, gram, basis)
         return y1, None, dict(y0=y0, y1=y1), None, RESULTS.successful
