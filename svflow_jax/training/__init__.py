@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names are, for readers and the API docs
-    from .loop import FitResult, StepInfo, TrainingDiverged, fit, optimizer
+    from .loop import AdamW, FitResult, StepInfo, TrainingDiverged, fit, optimizer
     from .tasks import AustenBytes, MultiHopRecall, get_task
     from .trainer import (
         TrainConfig,
@@ -30,11 +30,11 @@ _MODULES = {
     ".tasks": ["AustenBytes", "MultiHopRecall", "get_task"],
     ".trainer": ["TrainConfig", "TrainResult", "train", "evaluate", "loss_and_count",
                  "make_optimizer", "lm_loss"],
-    ".loop": ["fit", "optimizer", "FitResult", "StepInfo", "TrainingDiverged"],
+    ".loop": ["fit", "optimizer", "AdamW", "FitResult", "StepInfo", "TrainingDiverged"],
 }
 __all__ = ["AustenBytes", "MultiHopRecall", "get_task", "TrainConfig", "TrainResult", "train",
            "evaluate", "loss_and_count", "make_optimizer", "lm_loss", "fit", "optimizer",
-           "FitResult", "StepInfo", "TrainingDiverged"]
+           "AdamW", "FitResult", "StepInfo", "TrainingDiverged"]
 
 # Loaded on first use (PEP 562), so that other subcommands do not import optax and orbax just
 # to list ``svflow train``'s options.

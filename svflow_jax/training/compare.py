@@ -194,7 +194,7 @@ def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(TrainConfig(steps=100))
-    opt_state = tx.init(params)
+    opt_state = tx.transformation().init(params)
     batch = (inputs, targets, jnp.ones(targets.shape, jnp.float32))
 
     def step():  # the trainer's own step (svflow_jax.training.loop.train_step)

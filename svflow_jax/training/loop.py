@@ -13,9 +13,10 @@ a frozen dataclass lets runs share one program). The data stream ``data(step)`` 
 batch of optimiser step ``step`` (a tuple of arrays, batch axis first); since it is a function
 of the step, a resumed run sees the batches an uninterrupted one would.
 
-:func:`optimizer` is global-norm clipping then AdamW (decoupled weight decay) with a linear
-warm-up to ``lr`` and a cosine decay to ``lr * final_lr_fraction`` at ``steps``; past ``steps``
-the learning rate stays at that final value.
+:class:`AdamW` (:func:`optimizer`) is global-norm clipping then AdamW (decoupled weight decay)
+with a linear warm-up to ``lr`` and a cosine decay to ``lr * final_lr_fraction`` at ``steps``;
+past ``steps`` the learning rate stays at that final value. Its numbers are arguments of the
+compiled step, not constants: a learning-rate sweep compiles one step, not one per rate.
 
 Data parallelism: the batch is sharded over the devices along a ``"data"`` mesh axis
 (``jax.sharding.NamedSharding``), parameters and optimiser state are replicated, and
@@ -62,39 +63,82 @@ from jax.sharding import PartitionSpec as P
 from svflow_jax import atomic
 from svflow_jax.tables import write_csv
 
-__all__ = ["optimizer", "schedule", "train_step", "fit", "FitResult", "StepInfo",
+__all__ = ["AdamW", "optimizer", "train_step", "fit", "FitResult", "StepInfo",
            "TrainingDiverged"]
 
 
-def schedule(lr: float, warmup: int, steps: int, final_lr_fraction: float) -> optax.Schedule:
-    """Linear warm-up from 0 to ``lr`` over ``warmup`` steps, cosine decay to
-    ``lr * final_lr_fraction`` at ``steps``, constant after."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=lr, warmup_steps=warmup,
-        decay_steps=max(steps, warmup + 1), end_value=lr * final_lr_fraction)
+@functools.partial(jax.tree_util.register_dataclass, meta_fields=[], data_fields=[
+    "lr", "warmup", "steps", "final_lr_fraction", "weight_decay", "clip"])
+@dataclasses.dataclass(frozen=True)
+class AdamW:
+    """Global-norm clipping at ``clip`` (none if ``None``), then AdamW (decoupled weight decay
+    ``weight_decay``) on :meth:`schedule`: a linear warm-up from 0 to ``lr`` over ``warmup``
+    steps, a cosine decay to ``lr * final_lr_fraction`` at ``steps``, constant after.
+
+    A pytree whose leaves are these numbers. :func:`train_step` receives them as values, not as
+    constants of the program, so runs that differ in learning rate, schedule length, weight
+    decay or clipping norm share one compiled step (only clipping or not changes the program).
+    """
+
+    lr: float
+    warmup: int
+    steps: int
+    final_lr_fraction: float = 0.1
+    weight_decay: float = 0.01
+    clip: float | None = 1.0
+
+    def schedule(self, count):
+        """The learning rate of step ``count`` (counted from 0), in the dtype of ``count / 1``.
+        With ``c = count - warmup``, ``D = max(steps, warmup + 1) - warmup`` and
+        ``a = final_lr_fraction``:
+
+            lr * count / warmup                                    count < warmup
+            lr * (a + (1 - a) (1 + cos(pi min(c, D) / D)) / 2)     otherwise
+
+        (optax's ``warmup_cosine_decay_schedule(0, lr, warmup, warmup + D, a * lr)``, written so
+        that every number may be a traced value.)"""
+        lr, warmup, a = self.lr, self.warmup, self.final_lr_fraction
+        warm = lr * (count / jnp.maximum(warmup, 1))  # a warm-up of 0 steps is never selected
+        decay = jnp.maximum(self.steps, warmup + 1) - warmup
+        c = jnp.minimum(count - warmup, decay)
+        cool = lr * (a + (1 - a) * (0.5 * (1 + jnp.cos(jnp.pi * (c / decay)))))
+        return jnp.where(count < warmup, warm, cool)
+
+    def transformation(self) -> optax.GradientTransformation:
+        """The optax optimiser (its numbers may be traced values)."""
+        adamw = optax.adamw(self.schedule, weight_decay=self.weight_decay)
+        return adamw if self.clip is None else optax.chain(optax.clip_by_global_norm(self.clip),
+                                                           adamw)
 
 
-@functools.cache
 def optimizer(lr: float, warmup: int, steps: int, final_lr_fraction: float = 0.1,
-              weight_decay: float = 0.01, clip: float | None = 1.0,
-              ) -> optax.GradientTransformation:
-    """``clip_by_global_norm(clip)`` (none if ``clip`` is ``None``) then AdamW on
-    :func:`schedule`. Cached: equal settings give the same object, hence one compiled step."""
-    adamw = optax.adamw(schedule(lr, warmup, steps, final_lr_fraction),
-                        weight_decay=weight_decay)
-    return adamw if clip is None else optax.chain(optax.clip_by_global_norm(clip), adamw)
+              weight_decay: float = 0.01, clip: float | None = 1.0) -> AdamW:
+    """The project's optimiser, :class:`AdamW` (clipping, AdamW, warm-up + cosine decay)."""
+    return AdamW(lr, warmup, steps, final_lr_fraction, weight_decay, clip)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def train_step(graphdef, loss_fn, tx, params, rest, opt_state, batch):
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Given:
+    """Any other optax optimiser, a constant of the compiled step (one program per object)."""
+
+    tx: optax.GradientTransformation
+
+    def transformation(self) -> optax.GradientTransformation:
+        return self.tx
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def train_step(graphdef, loss_fn, tx: AdamW | _Given, params, rest, opt_state, batch):
     """One optimiser step (module docstring): ``(params, opt_state, loss, aux, |grad|)``.
-    ``rest``: the model's variables that are not trained (held fixed)."""
+    ``tx``: an :class:`AdamW` (its numbers are arguments of the program) or any optax optimiser
+    wrapped by :func:`fit`. ``rest``: the model's variables that are not trained (held fixed)."""
 
     def objective(params):
         return loss_fn(nnx.merge(graphdef, params, rest), *batch)
 
     (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, opt_state = tx.transformation().update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, aux, optax.tree.norm(grads)
 
 
@@ -189,7 +233,7 @@ def _append_row(out: Path, row: dict[str, Any], history: list[dict[str, Any]]) -
 def fit(
     model: nnx.Module,
     loss_fn: Callable[..., tuple[jax.Array, Any]],
-    tx: optax.GradientTransformation,
+    tx: AdamW | optax.GradientTransformation,
     data: Callable[[int], tuple],
     steps: int,
     *,
@@ -208,7 +252,8 @@ def fit(
     Args:
         model: an NNX module; its ``nnx.Param`` variables are trained, the rest held fixed.
         loss_fn: ``loss_fn(model, *batch) -> (scalar loss, aux)``, hashable.
-        tx: the optax optimiser (e.g. :func:`optimizer`).
+        tx: the optimiser: an :class:`AdamW` (:func:`optimizer`), or any optax optimiser (then
+            a constant of the compiled step: one program per object).
         data: ``data(step)``: the batch of step ``step`` (batch axis divisible by the devices).
         steps: the last step.
         log: called after every step; a returned dictionary is a row of the history (and of
@@ -234,7 +279,8 @@ def fit(
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     replicated = NamedSharding(mesh, P())
     params, rest = jax.device_put(params, replicated), jax.device_put(rest, replicated)
-    opt_state = jax.device_put(tx.init(params), replicated)
+    step_tx = tx if isinstance(tx, AdamW) else _Given(tx)
+    opt_state = jax.device_put(step_tx.transformation().init(params), replicated)
     start, elapsed, history, resumed_from = 0, 0.0, [], None
 
     manager = None
@@ -268,7 +314,7 @@ def fit(
                 raise ValueError(f"a batch of {len(batch[0])} must be divisible by the "
                                  f"{mesh.size} devices (data parallelism)")
             params, opt_state, loss, aux, gnorm = train_step(
-                graphdef, loss_fn, tx, params, rest, opt_state, _put_batch(batch, mesh))
+                graphdef, loss_fn, step_tx, params, rest, opt_state, _put_batch(batch, mesh))
             done = step + 1
             value = float(loss)
             if not math.isfinite(value):

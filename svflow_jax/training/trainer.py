@@ -37,14 +37,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from svflow_jax import atomic
 from svflow_jax.designs import DesignConfig, LayerDesign, SolverLM
 from svflow_jax.next_token import next_token_nll, weighted_mean
 
-from .loop import StepInfo, fit, optimizer, schedule
+from .loop import AdamW, StepInfo, fit, optimizer
 from .tasks import get_task
 
 __all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count",
@@ -156,15 +155,10 @@ def _schedule_args(config: TrainConfig) -> tuple:
             config.final_lr_fraction)
 
 
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+def make_optimizer(config: TrainConfig) -> AdamW:
     """``clip_by_global_norm`` then AdamW with warm-up + cosine decay
-    (:func:`svflow_jax.training.loop.optimizer`)."""
+    (:class:`svflow_jax.training.loop.AdamW`)."""
     return optimizer(*_schedule_args(config), config.weight_decay, config.clip)
-
-
-def make_optimizer_lr(config: TrainConfig) -> optax.Schedule:
-    """The learning-rate schedule of :func:`make_optimizer` (for logging)."""
-    return schedule(*_schedule_args(config))
 
 
 def loss_and_count(model: SolverLM, inputs, targets, weights, num_steps=None):
@@ -292,7 +286,7 @@ def train(
         config = _settle_config(out, config, latest)
         atomic.write_json(out / "config.json", _jsonable(config.to_json()))
 
-    lr = make_optimizer_lr(config)
+    lr = make_optimizer(config).schedule
     tokens_per_step = config.batch_size * task.context
 
     def log(info: StepInfo) -> dict[str, Any] | None:
