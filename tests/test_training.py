@@ -18,8 +18,9 @@ import optax
 import pytest
 from flax import nnx
 
-from svflow_jax.designs import DESIGNS, DesignConfig
+from svflow_jax.designs import DESIGNS, DesignConfig, SolverLM
 from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, get_task, train
+from svflow_jax.training.compare import throughput
 from svflow_jax.training.loop import AdamW, train_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,8 @@ def test_adamw_update_equals_optaxs_with_the_numbers_traced():
 
 def test_runs_with_other_rates_and_schedules_share_one_compiled_step():
     """A learning-rate sweep compiles the training step once: another rate, warm-up, length,
-    weight decay, clipping norm or final fraction reuses the program."""
+    weight decay, clipping norm or final fraction reuses the program, and so does the
+    throughput measurement of the same model."""
     config = _config("euler", steps=2, eval_every=0)
     train(config, progress=False)
     programs = train_step._cache_size()
@@ -96,12 +98,14 @@ def test_runs_with_other_rates_and_schedules_share_one_compiled_step():
                    dict(clip=0.3), dict(final_lr_fraction=0.5)):
         train(dataclasses.replace(config, **change), progress=False)
     assert train_step._cache_size() == programs
+    # and the throughput measurement times that very program
+    throughput(SolverLM(config.model, rngs=nnx.Rngs(1)), config.batch_size, TINY.context, 1)
+    assert train_step._cache_size() == programs
 
 
 def test_fit_takes_any_optax_optimiser():
     """fit with a plain optax.sgd: two steps equal the hand-written update w - lr * grad
     (float32 weights, which optax rounds as w + (-lr * grad))."""
-    from svflow_jax.designs import SolverLM
     from svflow_jax.training import fit, lm_loss
 
     task = get_task("austen", TINY.context)

@@ -41,7 +41,7 @@ from svflow_jax.environment import environment
 from svflow_jax.fitting import t_quantile
 from svflow_jax.transformer import TransformerLM
 
-from .loop import train_step
+from .loop import placed, put_batch, train_step
 from .tasks import get_task
 from .trainer import TrainConfig, evaluate, lm_loss, make_optimizer, train
 
@@ -190,14 +190,15 @@ def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 
     """Tokens per second of one AdamW training step and of one forward pass of ``model``
     (a :class:`SolverLM` or a :class:`TransformerLM`) on random tokens."""
     vocab = model.config.vocab_size
-    tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0, vocab)
+    tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0, vocab,
+                                jnp.int32)  # as the tasks give them
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = make_optimizer(TrainConfig(steps=100))
-    opt_state = tx.transformation().init(params)
-    batch = (inputs, targets, jnp.ones(targets.shape, jnp.float32))
+    # the trainer's own step, placed as fit places it: the program a training run compiled
+    mesh, graphdef, params, rest, tx, opt_state = placed(model, make_optimizer(
+        TrainConfig(steps=100)))
+    batch = put_batch((inputs, targets, jnp.ones(targets.shape, jnp.float32)), mesh)
 
-    def step():  # the trainer's own step (svflow_jax.training.loop.train_step)
+    def step():
         return train_step(graphdef, lm_loss, tx, params, rest, opt_state, batch)
 
     forward = jax.jit(lambda params: nnx.merge(graphdef, params, rest)(inputs))

@@ -189,7 +189,22 @@ def _mesh(devices=None) -> Mesh:
     return Mesh(np.array(jax.devices() if devices is None else list(devices)), ("data",))
 
 
-def _put_batch(batch, mesh: Mesh):
+def placed(model: nnx.Module, tx: AdamW | optax.GradientTransformation, devices=None):
+    """What :func:`fit` hands :func:`train_step` at step 0: ``(mesh, graphdef, params, rest,
+    tx, opt_state)``, the weights and the fresh optimiser state replicated over the devices'
+    mesh (a batch goes through :func:`put_batch`). A caller that places them so runs the very
+    program that :func:`fit` compiled."""
+    mesh = _mesh(devices)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    replicated = NamedSharding(mesh, P())
+    params, rest = jax.device_put(params, replicated), jax.device_put(rest, replicated)
+    step_tx = tx if isinstance(tx, AdamW) else _Given(tx)
+    opt_state = jax.device_put(step_tx.transformation().init(params), replicated)
+    return mesh, graphdef, params, rest, step_tx, opt_state
+
+
+def put_batch(batch, mesh: Mesh):
+    """The batch's arrays, sharded along their first axis over ``mesh``'s ``"data"`` axis."""
     sharding = NamedSharding(mesh, P("data"))
     return tuple(jax.device_put(jnp.asarray(a), sharding) for a in batch)
 
@@ -275,12 +290,7 @@ def fit(
 
     if on_mismatch not in ("refuse", "warn"):
         raise ValueError(f"on_mismatch must be 'refuse' or 'warn', got {on_mismatch!r}")
-    mesh = _mesh(devices)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    replicated = NamedSharding(mesh, P())
-    params, rest = jax.device_put(params, replicated), jax.device_put(rest, replicated)
-    step_tx = tx if isinstance(tx, AdamW) else _Given(tx)
-    opt_state = jax.device_put(step_tx.transformation().init(params), replicated)
+    mesh, graphdef, params, rest, step_tx, opt_state = placed(model, tx, devices)
     start, elapsed, history, resumed_from = 0, 0.0, [], None
 
     manager = None
@@ -314,7 +324,7 @@ def fit(
                 raise ValueError(f"a batch of {len(batch[0])} must be divisible by the "
                                  f"{mesh.size} devices (data parallelism)")
             params, opt_state, loss, aux, gnorm = train_step(
-                graphdef, loss_fn, step_tx, params, rest, opt_state, _put_batch(batch, mesh))
+                graphdef, loss_fn, step_tx, params, rest, opt_state, put_batch(batch, mesh))
             done = step + 1
             value = float(loss)
             if not math.isfinite(value):
