@@ -63,8 +63,8 @@ from jax.sharding import PartitionSpec as P
 from svflow_jax import atomic
 from svflow_jax.tables import write_csv
 
-__all__ = ["AdamW", "optimizer", "train_step", "fit", "FitResult", "StepInfo",
-           "TrainingDiverged"]
+__all__ = ["AdamW", "optimizer", "train_step", "placed", "put_batch", "fit", "FitResult",
+           "StepInfo", "TrainingDiverged"]
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=[], data_fields=[
