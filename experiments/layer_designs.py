@@ -2,8 +2,8 @@
 
 Run::
 
-    python experiments/layer_designs.py [--part baseline|depth|designs|ngpt]
-        [--out results/layer_designs] [--quick] [--seeds 3]
+    python experiments/layer_designs.py [--part baseline|depth|designs|ngpt|recipe]
+        [--out results/layer_designs] [--quick] [--seeds 3] [--arms ARM ...]
 
 ``--part baseline`` (about 45 minutes on 2 CPU cores) tunes and trains the baseline that
 ``svflow train`` runs by default (:mod:`svflow_jax.training.recipes`): a short learning-rate
@@ -19,7 +19,12 @@ tolerances; ``depth/report.md``). ``--part designs`` is
 the comparison below; ``--part ngpt`` the same comparison for the sequential (Lie-Trotter) and
 parallel (Euler) blocks on the sphere with the residual step against nGPT's normalised step
 (``DesignConfig.update="ngpt"``: normalised branches, learned per-dimension rates), in
-``ngpt/``; without ``--part`` all four run.
+``ngpt/``; without ``--part`` these four run. ``--part recipe`` (:func:`run_recipe`, only
+when named) trains designs at the size of the recipe itself, each paired by seed with it at
+equal steps and at equal time, in ``recipe/``: every run takes 18-23 minutes on 2 CPU cores
+(about 5 hours for all of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
+(``--arms "lie-trotter post" --seeds 1``: the recipe and one arm at seed 0, about 40
+minutes), and a later call with more seeds or arms reuses every finished run.
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
 language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
@@ -73,6 +78,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -184,14 +190,18 @@ def tune_run(base, arm: str, lr: float, folder: Path, plan: dict, progress: bool
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["baseline", "depth", "designs", "ngpt"],
-                   help="run one part only (default: all four)")
+    p.add_argument("--part", choices=["baseline", "depth", "designs", "ngpt", "recipe"],
+                   help="run one part only (default: the first four; recipe only when "
+                   "named)")
     p.add_argument("--out", default="results/layer_designs", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
     p.add_argument("--seeds", type=positive_int, help="seeds per design (default 3; quick 2)")
     p.add_argument("--steps", type=positive_int,
                    help="optimiser steps per run (default 400; quick 12)")
     p.add_argument("--designs", nargs="+", help="designs to compare (default: all eight)")
+    p.add_argument("--arms", nargs="+", metavar="ARM",
+                   help="--part recipe: the arms to train besides the recipe (default: all; "
+                   "quoted names of RECIPE's arms)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the report from the runs already in --out "
@@ -209,6 +219,14 @@ def settings(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.arms is not None and args.part != "recipe":
+        print(f"{Path(__file__).name}: error: --arms: only with --part recipe", file=sys.stderr)
+        return 2
+    unknown = [arm for arm in args.arms or () if arm not in RECIPE["arms"]]
+    if unknown:
+        print(f"{Path(__file__).name}: error: --arms: unknown arm {unknown[0]!r} (one of "
+              f"{', '.join(map(repr, RECIPE['arms']))})", file=sys.stderr)
+        return 2
     from svflow_jax.xla_settings import use_project_flags
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
@@ -221,6 +239,12 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"{Path(__file__).name}: error: --designs: {err}", file=sys.stderr)
         return 2
+    recipe_part = dict(RECIPE_QUICK if args.quick else RECIPE)
+    if args.arms is not None:
+        recipe_part["arms"] = {arm: spec for arm, spec in RECIPE["arms"].items()
+                               if arm == RECIPE["baseline"] or arm in args.arms}
+    if args.seeds is not None:
+        recipe_part["seeds"] = args.seeds
     if args.part in (None, "baseline") and not args.report_only:
         run_baseline(Path(args.out) / "baseline", quick=args.quick,
                      progress=not args.no_progress)
@@ -236,6 +260,9 @@ def main(argv=None) -> int:
             ngpt["designs"] = args.designs
         run_designs(Path(args.out) / "ngpt", ngpt, report_only=args.report_only,
                     progress=progress)
+    if args.part == "recipe":
+        run_recipe(Path(args.out) / "recipe", recipe_part, quick=args.quick,
+                   report_only=args.report_only, progress=progress)
     return 0
 
 
@@ -639,6 +666,7 @@ def _baseline_report(out: Path, results: dict) -> None:
 ALPHA = 0.05
 
 
+
 def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict[str, dict]:
     """Each arm against the trained baseline from its per-seed differences ``arm - baseline``
     (validation bits per character, paired by seed): the two-sided Student-t interval at level
@@ -659,6 +687,235 @@ def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict
         out[arm] = {"interval": [mean, half], "level": level, "comparisons": m,
                     "verdict": verdict}
     return out
+
+
+
+# ---------------------------------------------------------------------------- the recipe's size
+
+
+#: ``--part recipe``: designs at the size of ``svflow train``'s recipe (width 192, 4 layers of
+#: their own weights, 4 field evaluations per forward pass, 1800 steps of 32 x 128 bytes), each
+#: paired by seed with the recipe itself. An arm is the recipe's model with ``model``'s fields
+#: changed, trained at each peak rate of ``lrs`` (``None``: the recipe's rate) at seed 0, for the
+#: recipe's full length, and at the best of them for the other seeds. ``recipe + head bias`` is
+#: the null: a change built to leave the loss where it is.
+RECIPE = dict(seeds=3, baseline="recipe", arms={
+    "recipe": dict(model={}, lrs=None),
+    "recipe + head bias": dict(model=dict(head_bias=True), lrs=None),
+    "euler post": dict(model=dict(norm_position="post", head_bias=True), lrs=[2e-3, 4e-3]),
+    "lie-trotter post": dict(model=dict(design="lie-trotter", norm_position="post",
+                                        head_bias=True), lrs=[4e-3]),
+    "lie-trotter ngpt": dict(model=dict(design="lie-trotter", norm_position="post",
+                                        update="ngpt", head_bias=True), lrs=[2e-3]),
+})
+RECIPE_QUICK = dict(seeds=2, baseline="recipe", arms={
+    arm: RECIPE["arms"][arm] for arm in ("recipe", "euler post")})
+
+
+def _slug(arm: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", arm.lower()).strip("-")
+
+
+def run_recipe(out: Path, r: dict, *, quick: bool = False, report_only: bool = False,
+               progress: bool = True) -> dict:
+    """The arms of ``r`` (:data:`RECIPE`) at the recipe's size, seed-major (an interrupted
+    part has every arm at seed 0 first); each run in ``out/runs/<arm>-lr<lr>-seed<k>/`` resumes
+    from its checkpoints, and a finished one is read back. ``report_only``: train nothing.
+    Writes ``results.json``, ``report.md`` and ``curves.png`` (:func:`recipe_comparison`)."""
+    from svflow_jax.environment import environment
+    from svflow_jax.training.compare import run_design
+    from svflow_jax.training.recipes import recipe
+
+    base = recipe("austen")
+    if quick:
+        base = _quick_recipe(base)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    runs: dict[str, dict[int, dict]] = {arm: {} for arm in r["arms"]}
+    sweep: dict[str, dict[float, dict]] = {arm: {} for arm in r["arms"]}
+    for seed in range(r["seeds"]):
+        for arm, spec in r["arms"].items():
+            if seed == 0:
+                grid = spec["lrs"] or [base.lr]
+            elif sweep[arm]:
+                grid = [_chosen_lr(arm, sweep[arm])]
+            else:
+                continue
+            for lr in grid:
+                folder = out / "runs" / f"{_slug(arm)}-lr{lr:g}-seed{seed}"
+                if not (folder / "summary.json").exists():
+                    if report_only:
+                        continue
+                    print(f"[{time.perf_counter() - start:6.0f}s] {arm}, lr {lr:g}, seed "
+                          f"{seed}", flush=True)
+                config = dataclasses.replace(base, lr=lr, model=base.model.replace(
+                    **spec["model"]))
+                summary = {**run_design(config, config.model.design, config.model.num_steps,
+                                        seed, folder, transfer_factors=(), progress=progress),
+                           "lr": lr}
+                if seed == 0:
+                    sweep[arm][lr] = summary
+                else:
+                    runs[arm][seed] = summary
+            if seed == 0 and sweep[arm]:
+                runs[arm][0] = sweep[arm][_chosen_lr(arm, sweep[arm])]
+    results = recipe_comparison({a: v for a, v in runs.items() if v}, r["baseline"])
+    results["settings"] = {"seeds": r["seeds"], "baseline": r["baseline"],
+                           "arms": r["arms"], "recipe": base.to_json()}
+    results["sweep"] = {arm: [{"lr": lr, "val_bpc": s["final"]["val_bpc"],
+                               "collapse": s["collapse"]} for lr, s in sorted(d.items())]
+                        for arm, d in sweep.items() if d}
+    results["environment"] = environment()
+    write_json(out / "results.json", results)
+    _recipe_figure(out, runs)
+    _recipe_report(out, results)
+    print(f"[{time.perf_counter() - start:6.0f}s] wrote {out / 'report.md'}", flush=True)
+    return results
+
+
+def _chosen_lr(arm: str, by_lr: dict[float, dict]) -> float:
+    """:func:`tuned_lr` over an arm's seed-0 runs (rate -> summary)."""
+    return tuned_lr({"lr_grid": list(by_lr)}, {(arm, lr): s for lr, s in by_lr.items()}, arm)
+
+
+def _at(history: list[dict], x_key: str, x: float, y_key: str) -> float:
+    """``y_key`` at ``x`` (linear between the rows that have both keys)."""
+    rows = [h for h in history if x_key in h and y_key in h]
+    return float(np.interp(x, [h[x_key] for h in rows], [h[y_key] for h in rows]))
+
+
+def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str,
+                      alpha: float = ALPHA) -> dict:
+    """Each arm of ``runs`` (arm -> seed -> :func:`~svflow_jax.training.compare.run_design`
+    summary) against ``baseline``, paired by seed, in validation bits per character:
+
+    * **equal steps**: the final validations;
+    * **equal time**: ``T`` is the shorter of the two seed-0 runs' training times, the step each
+      arm reaches in ``T`` is read from its seed-0 run (seed 0 should run alone on the
+      machine), and each seed's validation curve is read at that step (linear between
+      validations).
+
+    All comparisons together are decided by :func:`versus_baseline` (Bonferroni over them);
+    an arm with one paired seed is ``unresolved``."""
+    from svflow_jax.training.compare import COLLAPSED, interval
+
+    rows, pairs = [], {}
+    base = runs.get(baseline, {})
+    for arm, seeds in runs.items():
+        first = seeds.get(0)
+        final = {k: s["final"]["val_bpc"] for k, s in sorted(seeds.items())}
+        row = {"arm": arm, "lr": next(iter(seeds.values()))["lr"], "val_bpc": final,
+               "interval": interval(list(final.values())),
+               "collapse": {k: s["collapse"] for k, s in sorted(seeds.items())},
+               "collapsed": sum(s["collapse"] >= COLLAPSED for s in seeds.values()),
+               "parameters": next(iter(seeds.values()))["parameters"],
+               "minutes": first["train_seconds"] / 60 if first else None,
+               "tokens_per_s": (first["history"][-1]["tokens"] / first["train_seconds"]
+                                if first else None)}
+        rows.append(row)
+        if arm == baseline:
+            continue
+        paired = sorted(set(seeds) & set(base))
+        pairs[f"{arm}, equal steps"] = [final[k] - base[k]["final"]["val_bpc"]
+                                        for k in paired]
+        if first and 0 in base:
+            T = min(first["train_seconds"], base[0]["train_seconds"])
+            step = {name: _at(s[0]["history"], "seconds", T, "step")
+                    for name, s in ((arm, seeds), (baseline, base))}
+            row["equal_time"] = {"seconds": T, "step": step[arm],
+                                 "baseline_step": step[baseline]}
+            pairs[f"{arm}, equal time"] = [
+                _at(seeds[k]["history"], "step", step[arm], "val_bpc")
+                - _at(base[k]["history"], "step", step[baseline], "val_bpc") for k in paired]
+    verdicts = versus_baseline(pairs, alpha)
+    for name, values in pairs.items():
+        if name in verdicts:
+            verdicts[name]["differences"] = values
+    return {"arms": rows, "verdicts": verdicts}
+
+
+def _recipe_figure(out: Path, runs: dict[str, dict[int, dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from svflow_jax.reporting import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (arm, seeds) in enumerate(runs.items()):
+        color = f"C{i}"
+        for k, s in sorted(seeds.items()):
+            c = np.array(_curve(s["history"], "val_bpc"), float)
+            axes[0].plot(c[:, 0], c[:, 3], "o-", color=color, ms=3, lw=1,
+                         label=arm if k == min(seeds) else None)
+            if k == 0:
+                axes[1].plot(c[:, 2] / 60, c[:, 3], "o-", color=color, ms=3, label=arm)
+    axes[0].set_xlabel("optimiser step (every seed)")
+    axes[1].set_xlabel("wall-clock minutes (seed 0)")
+    for ax in axes:
+        ax.set_ylabel("validation bits per character (Persuasion)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("designs at the recipe's size, paired by seed with the recipe")
+    save_figure(fig, out / "curves.png")
+
+
+def _equal_time_words(t: dict | None) -> str:
+    return "-" if t is None else (f"{t['seconds'] / 60:.2f}, {t['step']:.0f} / "
+                                  f"{t['baseline_step']:.0f}")
+
+
+def _recipe_report(out: Path, results: dict) -> None:
+    from svflow_jax.reporting import provenance
+    from svflow_jax.training.compare import COLLAPSED
+
+    rc, m = results["settings"]["recipe"], results["settings"]["recipe"]["model"]
+    lines = [
+        "# Designs at the recipe's size", "",
+        f"Every arm is the recipe's model (width {m['d_model']}, {m['n_heads']} heads of "
+        f"{m['d_head']}, FFN {m['d_ff']}, {m['num_steps']} layers of their own weights, "
+        f"context {m['context']}) with its own changes, trained like the recipe ({rc['steps']} "
+        f"AdamW steps of {rc['batch_size']} sequences, warm-up {rc['warmup']}, weight decay "
+        f"{rc['weight_decay']:g}) at its peak learning rate: the best at seed 0 of its grid, "
+        f"each rate trained for the full length (so seed 0 is the best of its rates). Seeds "
+        f"share batches and initial weights across arms. {provenance(results['environment'])}",
+        "", "| arm | peak lr | parameters | val. bits/char per seed | mean (95% t) | "
+        "final-state cosine per seed | minutes (seed 0) | train tok/s (seed 0) | equal time: "
+        "minutes, the arm's step / the recipe's |",
+        "|---|---|---|---|---|---|---|---|---|"]
+    for row in results["arms"]:
+        bpc = " ".join(f"{v:.3f}" for v in row["val_bpc"].values())
+        if row["collapsed"]:
+            bpc = f"collapsed ({row['collapsed']} seeds, cosine >= {COLLAPSED}): {bpc}"
+        minutes = "-" if row["minutes"] is None else f"{row['minutes']:.1f}"
+        tps = "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:.0f}"
+        lines.append(f"| {row['arm']} | {row['lr']:g} | {row['parameters']} | {bpc} | "
+                     f"{_fmt(row['interval'])} | "
+                     + " ".join(f"{c:.3f}" for c in row["collapse"].values())
+                     + f" | {minutes} | {tps} | {_equal_time_words(row.get('equal_time'))} |")
+    lines += ["", "Seed 0 at each rate of the arm's grid (validation bits per character, "
+              "final-state cosine):", "", "| arm | runs |", "|---|---|"]
+    for arm, sweep in results["sweep"].items():
+        lines.append(f"| {arm} | " + "; ".join(
+            f"{s['lr']:g}: {s['val_bpc']:.3f} ({s['collapse']:.3f})" for s in sweep) + " |")
+    verdicts = results["verdicts"]
+    m_count = next(iter(verdicts.values()))["comparisons"] if verdicts else 0
+    lines += [
+        "", f"Each arm minus the recipe, paired by seed, at equal steps and at equal time "
+        f"(the shorter of the two seed-0 training times; each arm read at the step it reaches "
+        f"then). Two-sided Student-t intervals at level 1 - {ALPHA:g}/m, Bonferroni over the "
+        f"m = {m_count} comparisons, the sign fixed before the runs: **better** if the "
+        f"interval lies below 0 (fewer bits), **worse** above, else **unresolved**.", "",
+        "| comparison | differences per seed | mean | half-width | verdict |",
+        "|---|---|---|---|---|"]
+    for name, v in verdicts.items():
+        mean, half = v["interval"]
+        half_text = "-" if half != half else f"{half:.3f}"
+        lines.append(f"| {name} | " + " ".join(f"{d:+.3f}" for d in v["differences"])
+                     + f" | {mean:+.3f} | {half_text} | {v['verdict']} |")
+    lines += ["", "![validation curves](curves.png)"]
+    write_text(out / "report.md", "\n".join(lines) + "\n")
 
 
 def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:

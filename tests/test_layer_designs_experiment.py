@@ -18,6 +18,8 @@ from scripts_for_tests import assert_refused, import_script, run_script
     (["--steps", "x"], "argument --steps"),
     (["--designs", "euler", "nope"], "unknown design 'nope'"),
     (["--designs", "no_such_module:Thing"], "cannot import design"),
+    (["--part", "recipe", "--arms", "nope"], "unknown arm 'nope'"),
+    (["--part", "designs", "--arms", "euler post"], "only with --part recipe"),
 ])
 def test_bad_options_exit_2_before_anything_is_written(tmp_path, bad, named):
     proc = run_script("layer_designs.py", "--quick", "--out", str(tmp_path / "ld"), *bad,
@@ -209,3 +211,100 @@ def test_verdicts_against_the_baseline_can_fail():
         decided += any(v["verdict"] != "unresolved" for v in null.values())
     rate = decided / families
     assert rate <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / families), rate
+
+
+def _summary(seed, bpc, seconds_per_step, collapse=0.1):
+    """A run_design summary whose validation curve is ``bpc(step)`` at steps 50 and 100, logged
+    every 10 steps at ``seconds_per_step``."""
+    history = [{"step": s, "tokens": 40 * s, "seconds": seconds_per_step * s}
+               for s in range(10, 101, 10)]
+    for row in history:
+        if row["step"] % 50 == 0:
+            row["val_bpc"] = bpc(row["step"])
+    return {"seed": seed, "final": {"val_bpc": bpc(100)}, "history": history,
+            "train_seconds": seconds_per_step * 100, "collapse": collapse,
+            "parameters": 7, "lr": 1e-3}
+
+
+def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
+    """Designs at the recipe's size against the recipe, on synthetic curves with known
+    answers: an arm twice as slow per step reaches step 50 in the recipe's time (100 s), so
+    its equal-time difference is its curve at 50 minus the recipe's at 100 (read linearly
+    between validations); the equal-steps difference is the final one; both decided at
+    1 - 0.05 / m with m = 4 (two arms, two comparisons each); an arm equal to the recipe up to
+    noise of either sign is unresolved."""
+    compare = _script().recipe_comparison
+    noise = [0.004, -0.003, 0.001]
+    recipe = {k: _summary(k, lambda s, k=k: 3.0 - s / 100 + 0.01 * k, 1.0) for k in range(3)}
+    slow = {k: _summary(k, lambda s, k=k: 2.9 - s / 100 + 0.01 * k + noise[k], 2.0)
+            for k in range(3)}
+    null = {k: _summary(k, lambda s, k=k: 3.0 - s / 100 + 0.01 * k + noise[k], 1.0)
+            for k in range(3)}
+    out = compare({"recipe": recipe, "slow": slow, "null": null}, "recipe")
+    v = out["verdicts"]
+    assert list(v) == ["slow, equal steps", "slow, equal time", "null, equal steps",
+                       "null, equal time"]
+    steps = [-0.1 + n for n in noise]
+    time = [(2.9 - 0.5 + n) - (3.0 - 1.0) for n in noise]  # arm at step 50, recipe at 100
+    assert v["slow, equal steps"]["differences"] == pytest.approx(steps)
+    assert v["slow, equal time"]["differences"] == pytest.approx(time)
+    half = stats.t.ppf(1 - 0.05 / 8, 2) * np.std(steps, ddof=1) / np.sqrt(3)
+    assert v["slow, equal steps"]["interval"] == pytest.approx([np.mean(steps), half])
+    assert [x["verdict"] for x in v.values()] == ["better", "worse", "unresolved",
+                                                 "unresolved"]
+    assert all(x["comparisons"] == 4 for x in v.values())
+    rows = {r["arm"]: r for r in out["arms"]}
+    assert rows["slow"]["equal_time"] == {"seconds": 100.0, "step": 50.0,
+                                          "baseline_step": 100.0}
+    assert rows["slow"]["minutes"] == pytest.approx(200 / 60)
+    assert rows["slow"]["tokens_per_s"] == pytest.approx(4000 / 200)
+    assert rows["recipe"]["collapsed"] == 0 and "equal_time" not in rows["recipe"]
+    # a collapsed seed is counted; one paired seed leaves the arm unresolved
+    one = compare({"recipe": recipe, "one": {0: _summary(0, lambda s: 1.0, 1.0, 0.995)}},
+                  "recipe")
+    assert {r["arm"]: r["collapsed"] for r in one["arms"]} == {"recipe": 0, "one": 1}
+    assert {x["verdict"] for x in one["verdicts"].values()} == {"unresolved"}
+
+
+def test_quick_recipe_part(tmp_path):
+    """``--part recipe --quick``: the recipe and the post-norm arm at a CI size, 2 seeds; seed 0
+    at every rate of the arm's grid, seed 1 at the rate with the lowest final loss; the
+    comparison recomputed from the runs' own summaries; ``--report-only`` writes the same."""
+    out = tmp_path / "ld"
+    proc = run_script("layer_designs.py", "--quick", "--part", "recipe", "--out", str(out),
+                      "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    part = out / "recipe"
+    names = sorted(p.name for p in (part / "runs").iterdir())
+    seed0 = {lr: json.loads((part / "runs" / f"euler-post-lr{lr}-seed0" / "summary.json")
+                            .read_text()) for lr in ("0.002", "0.004")}
+    best = min(seed0, key=lambda lr: seed0[lr]["final"]["val_bpc"])
+    assert names == sorted(["recipe-lr0.002-seed0", "recipe-lr0.002-seed1",
+                            "euler-post-lr0.002-seed0", "euler-post-lr0.004-seed0",
+                            f"euler-post-lr{best}-seed1"])
+    config = json.loads((part / "runs" / f"euler-post-lr{best}-seed1" / "config.json")
+                        .read_text())
+    assert (config["lr"], config["seed"]) == (float(best), 1)
+    assert (config["model"]["norm_position"], config["model"]["head_bias"]) == ("post", True)
+    results = json.loads((part / "results.json").read_text())
+    summaries = {p.parent.name: json.loads(p.read_text())
+                 for p in (part / "runs").glob("*/summary.json")}
+    diffs = [summaries[f"euler-post-lr{best}-seed{k}"]["final"]["val_bpc"]
+             - summaries[f"recipe-lr0.002-seed{k}"]["final"]["val_bpc"] for k in (0, 1)]
+    v = results["verdicts"]["euler post, equal steps"]
+    assert v["differences"] == pytest.approx(diffs) and v["comparisons"] == 2
+    assert list(results["verdicts"]) == ["euler post, equal steps", "euler post, equal time"]
+    rows = {r["arm"]: r for r in results["arms"]}
+    assert rows["euler post"]["lr"] == float(best)
+    assert rows["euler post"]["val_bpc"] == {
+        str(k): summaries[f"euler-post-lr{best}-seed{k}"]["final"]["val_bpc"] for k in (0, 1)}
+    assert [s["lr"] for s in results["sweep"]["euler post"]] == [0.002, 0.004]
+    report = (part / "report.md").read_text()
+    assert "| euler post, equal steps |" in report and "m = 2 comparisons" in report
+    assert (part / "curves.png").stat().st_size > 1000
+    again = run_script("layer_designs.py", "--quick", "--part", "recipe", "--out", str(out),
+                       "--no-progress", "--report-only")
+    assert again.returncode == 0, again.stderr[-2000:]
+    rewritten = json.loads((part / "results.json").read_text())
+    assert {k: x for k, x in rewritten.items() if k != "environment"} == {
+        k: x for k, x in results.items() if k != "environment"}
