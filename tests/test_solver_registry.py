@@ -319,3 +319,32 @@ def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch)
     assert (design.name, design.order, design.evaluations_per_step) == (
         "my_designs:SSPRK3", 3, 3)
     assert str(tmp_path) not in sys.path
+
+
+def test_a_methods_evaluation_counts_are_measured_once(monkeypatch):
+    """``evaluations(method, N, norm)`` of a (frozen) Method runs its probe program once per
+    ``(N, norm)`` and keeps the count; the kept counts equal the bare solvers' own counts,
+    which run every time."""
+    import dataclasses
+
+    from svflow_jax.solvers import catalogue
+
+    probes = []
+    real = catalogue.fixed_step_scan
+
+    def counting(*args, **kwargs):
+        probes.append(args[-1])  # num_steps
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(catalogue, "fixed_step_scan", counting)
+    method = dataclasses.replace(designs.get_design("heun"))  # a fresh instance
+    first = catalogue.evaluations(method, 3)
+    assert catalogue.evaluations(method, 3) == first and len(probes) == 1
+    pre = catalogue.evaluations(method, 3, "pre")
+    catalogue.evaluations(method, 3, "pre")
+    five = catalogue.evaluations(method, 5)
+    assert len(probes) == 3
+    assert (first, pre, five) == (catalogue.evaluations(method.solver_for("post"), 3),
+                                  catalogue.evaluations(method.solver_for("pre"), 3),
+                                  catalogue.evaluations(method.solver_for("post"), 5))
+    assert len(probes) == 6  # bare solvers are counted every time

@@ -165,6 +165,12 @@ class Method:
         per_step = evaluations(self, 2) - evaluations(self, 1)
         return int(per_step) if float(per_step).is_integer() else per_step
 
+    @functools.cached_property
+    def _evaluation_counts(self) -> dict[tuple[int, str], float]:
+        """:func:`evaluations` of this method, by ``(num_steps, norm_position)``: each count
+        runs (and compiles) a small program, and the method is immutable."""
+        return {}
+
     @property
     def expected_order(self) -> int | None:
         """``order`` (the name of the former ``SolverSpec``)."""
@@ -206,8 +212,15 @@ def evaluations(method: Method | AbstractSolver, num_steps: int,
 
     The count is taken with :func:`jax.debug.callback` inside the stack's ``lax.scan``
     (:func:`~svflow_jax.solvers.fixed_step_scan`), so a stage evaluated inside a loop counts
-    once per iteration and an FSAL stage reused from the previous step counts once."""
-    solver = (method.solver_for(norm_position) if isinstance(method, Method) else method)
+    once per iteration and an FSAL stage reused from the previous step counts once. A
+    :class:`Method`'s counts are kept (it is immutable): each is measured once per process."""
+    if isinstance(method, Method):
+        counts = method._evaluation_counts
+        key = (num_steps, norm_position)
+        if key not in counts:
+            counts[key] = evaluations(method.solver_for(norm_position), num_steps)
+        return counts[key]
+    solver = method
     splitting = isinstance(solver, AbstractSplitting)
     calls = [0.0]
     weight = 0.5 if splitting else 1.0
