@@ -666,7 +666,6 @@ def _baseline_report(out: Path, results: dict) -> None:
 ALPHA = 0.05
 
 
-
 def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict[str, dict]:
     """Each arm against the trained baseline from its per-seed differences ``arm - baseline``
     (validation bits per character, paired by seed): the two-sided Student-t interval at level
@@ -687,7 +686,6 @@ def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict
         out[arm] = {"interval": [mean, half], "level": level, "comparisons": m,
                     "verdict": verdict}
     return out
-
 
 
 # ---------------------------------------------------------------------------- the recipe's size
