@@ -800,13 +800,13 @@ def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str,
     rows, pairs = [], {}
     base = runs.get(baseline, {})
     for arm, seeds in runs.items():
-        first = seeds.get(0)
+        first, some = seeds.get(0), next(iter(seeds.values()))
         final = {k: s["final"]["val_bpc"] for k, s in sorted(seeds.items())}
-        row = {"arm": arm, "lr": next(iter(seeds.values()))["lr"], "val_bpc": final,
+        row = {"arm": arm, "lr": some["lr"], "val_bpc": final,
                "interval": interval(list(final.values())),
                "collapse": {k: s["collapse"] for k, s in sorted(seeds.items())},
                "collapsed": sum(s["collapse"] >= COLLAPSED for s in seeds.values()),
-               "parameters": next(iter(seeds.values()))["parameters"],
+               "parameters": some["parameters"],
                "minutes": first["train_seconds"] / 60 if first else None,
                "tokens_per_s": (first["history"][-1]["tokens"] / first["train_seconds"]
                                 if first else None)}
