@@ -21,8 +21,9 @@ parallel (Euler) blocks on the sphere with the residual step against nGPT's norm
 (``DesignConfig.update="ngpt"``: normalised branches, learned per-dimension rates), in
 ``ngpt/``; without ``--part`` these four run. ``--part recipe`` (:func:`run_recipe`, only
 when named) trains designs at the size of the recipe itself, each paired by seed with it at
-equal steps and at equal time, in ``recipe/``: every run takes 18-23 minutes on 2 CPU cores
-(about 5 hours for all of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
+equal steps and at equal time (from training steps timed side by side, so runs may share a
+busy machine), in ``recipe/``: every run takes 18-23 minutes on 2 idle CPU cores (about 5
+hours for all of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
 (``--arms "lie-trotter post" --seeds 1``: the recipe and one arm at seed 0, about 40
 minutes), and a later call with more seeds or arms reuses every finished run.
 
@@ -54,8 +55,8 @@ for every run; a seed at 0.99 or above is reported as collapsed and its arm is n
 Then each trained model is evaluated at 1/2, 2 and 4 times its number of blocks (**depth
 transfer**); the designs with an embedded error estimate (Heun, midpoint, RK4) are run with
 diffrax's PID controller at several tolerances (**adaptive depth**: evaluations per input
-against loss); and the training and inference throughput (tokens/s) of each design is measured
-next to a plain NNX TransformerLM of the same width with 12 layers (the same compute).
+against loss); and the training and inference throughput (tokens/s) of each design is timed
+side by side with a plain NNX TransformerLM of the same width with 12 layers (the same compute).
 A second, small task where depth matters (two-hop associative recall, accuracy) compares the
 designs of ``recall_designs`` (none by default: no design learns it at this size, see
 ``docs/results/baseline.md``).
@@ -373,14 +374,10 @@ def run_designs(out: Path, s: dict, *, report_only: bool = False,
         from svflow_jax.designs import SolverLM
 
         resolved = base.resolved().model
-        speed = {}
-        for arm in lrs:
-            design = arm.split()[0]
-            m = SolverLM(arm_model(resolved, arm, plan[design]), rngs=nnx.Rngs(0))
-            speed[arm] = throughput(m, s["batch_size"], s["context"], s["throughput_repeats"])
-        plain = plain_transformer(resolved, int(s["budget"]))
-        speed["transformer"] = throughput(plain, s["batch_size"], s["context"],
-                                          s["throughput_repeats"])
+        models = {arm: SolverLM(arm_model(resolved, arm, plan[arm.split()[0]]),
+                                rngs=nnx.Rngs(0)) for arm in lrs}
+        plain = models["transformer"] = plain_transformer(resolved, int(s["budget"]))
+        speed = throughput(models, s["batch_size"], s["context"], s["throughput_repeats"])
         speed["transformer"]["parameters"] = count_parameters(plain)
 
         print(f"[{time.perf_counter() - start:6.0f}s] gradient memory", flush=True)
@@ -757,7 +754,10 @@ def run_recipe(out: Path, r: dict, *, quick: bool = False, report_only: bool = F
                     runs[arm][seed] = summary
             if seed == 0 and sweep[arm]:
                 runs[arm][0] = sweep[arm][_chosen_lr(arm, sweep[arm])]
-    results = recipe_comparison({a: v for a, v in runs.items() if v}, r["baseline"])
+    runs = {a: v for a, v in runs.items() if v}
+    speed = _recipe_speed(out, base, {arm: r["arms"][arm] for arm in runs}, quick)
+    results = recipe_comparison(runs, r["baseline"], speed)
+    results["speed"] = speed
     results["settings"] = {"seeds": r["seeds"], "baseline": r["baseline"],
                            "arms": r["arms"], "recipe": base.to_json()}
     results["sweep"] = {arm: [{"lr": lr, "val_bpc": s["final"]["val_bpc"],
@@ -771,6 +771,33 @@ def run_recipe(out: Path, r: dict, *, quick: bool = False, report_only: bool = F
     return results
 
 
+def _recipe_speed(out: Path, base, arms: dict[str, dict], quick: bool) -> dict:
+    """Training and inference tokens/s of each arm's model, timed side by side
+    (:func:`~svflow_jax.training.compare.throughput`), kept in ``out/speed.json`` with the
+    machine it was measured on and measured again when the arms change."""
+    from flax import nnx
+
+    from svflow_jax.designs import SolverLM
+    from svflow_jax.environment import environment
+    from svflow_jax.training.compare import throughput
+
+    path = out / "speed.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if set(kept["tokens_per_s"]) == set(arms):
+            return kept
+    rounds = 2 if quick else 5
+    print(f"training and inference steps of {len(arms)} arms, timed side by side "
+          f"({rounds} rounds)", flush=True)
+    model = base.resolved().model
+    models = {arm: SolverLM(model.replace(**spec["model"]), rngs=nnx.Rngs(0))
+              for arm, spec in arms.items()}
+    speed = {"tokens_per_s": throughput(models, base.batch_size, model.context, rounds),
+             "rounds": rounds, "environment": environment()}
+    write_json(path, speed)
+    return speed
+
+
 def _chosen_lr(arm: str, by_lr: dict[float, dict]) -> float:
     """:func:`tuned_lr` over an arm's seed-0 runs (rate -> summary)."""
     return tuned_lr({"lr_grid": list(by_lr)}, {(arm, lr): s for lr, s in by_lr.items()}, arm)
@@ -782,16 +809,17 @@ def _at(history: list[dict], x_key: str, x: float, y_key: str) -> float:
     return float(np.interp(x, [h[x_key] for h in rows], [h[y_key] for h in rows]))
 
 
-def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str,
+def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str, speed: dict,
                       alpha: float = ALPHA) -> dict:
     """Each arm of ``runs`` (arm -> seed -> :func:`~svflow_jax.training.compare.run_design`
     summary) against ``baseline``, paired by seed, in validation bits per character:
 
     * **equal steps**: the final validations;
-    * **equal time**: ``T`` is the shorter of the two seed-0 runs' training times, the step each
-      arm reaches in ``T`` is read from its seed-0 run (seed 0 should run alone on the
-      machine), and each seed's validation curve is read at that step (linear between
-      validations).
+    * **equal time**: with ``s`` the seconds of one training step (``speed["tokens_per_s"]``,
+      arm -> :func:`~svflow_jax.training.compare.throughput`'s rates, timed side by side),
+      ``T = N min(s_arm, s_baseline)`` for ``N`` steps, each arm is read at step ``T / s``: the
+      slower one at ``N s_faster / s_slower``, the faster at ``N``. Each seed's validation
+      curve is read at that step (linear between validations).
 
     All comparisons together are decided by :func:`versus_baseline` (Bonferroni over them);
     an arm with one paired seed is ``unresolved``."""
@@ -801,6 +829,7 @@ def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str,
     base = runs.get(baseline, {})
     for arm, seeds in runs.items():
         first, some = seeds.get(0), next(iter(seeds.values()))
+        rate = speed["tokens_per_s"][arm]["train_tokens_per_s"]
         final = {k: s["final"]["val_bpc"] for k, s in sorted(seeds.items())}
         row = {"arm": arm, "lr": some["lr"], "val_bpc": final,
                "interval": interval(list(final.values())),
@@ -808,18 +837,19 @@ def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str,
                "collapsed": sum(s["collapse"] >= COLLAPSED for s in seeds.values()),
                "parameters": some["parameters"],
                "minutes": first["train_seconds"] / 60 if first else None,
-               "tokens_per_s": (first["history"][-1]["tokens"] / first["train_seconds"]
-                                if first else None)}
+               "tokens_per_s": rate}
         rows.append(row)
         if arm == baseline:
             continue
         paired = sorted(set(seeds) & set(base))
         pairs[f"{arm}, equal steps"] = [final[k] - base[k]["final"]["val_bpc"]
                                         for k in paired]
-        if first and 0 in base:
-            T = min(first["train_seconds"], base[0]["train_seconds"])
-            step = {name: _at(s[0]["history"], "seconds", T, "step")
-                    for name, s in ((arm, seeds), (baseline, base))}
+        if paired:
+            last = some["history"][-1]
+            base_rate = speed["tokens_per_s"][baseline]["train_tokens_per_s"]
+            T = last["tokens"] / max(rate, base_rate)  # seconds of training steps
+            step = {arm: T * rate / last["tokens"] * last["step"],
+                    baseline: T * base_rate / last["tokens"] * last["step"]}
             row["equal_time"] = {"seconds": T, "step": step[arm],
                                  "baseline_step": step[baseline]}
             pairs[f"{arm}, equal time"] = [
@@ -860,8 +890,7 @@ def _recipe_figure(out: Path, runs: dict[str, dict[int, dict]]) -> None:
 
 
 def _equal_time_words(t: dict | None) -> str:
-    return "-" if t is None else (f"{t['seconds'] / 60:.2f}, {t['step']:.0f} / "
-                                  f"{t['baseline_step']:.0f}")
+    return "-" if t is None else f"{t['step']:.0f} / {t['baseline_step']:.0f}"
 
 
 def _recipe_report(out: Path, results: dict) -> None:
@@ -879,8 +908,8 @@ def _recipe_report(out: Path, results: dict) -> None:
         f"each rate trained for the full length (so seed 0 is the best of its rates). Seeds "
         f"share batches and initial weights across arms. {provenance(results['environment'])}",
         "", "| arm | peak lr | parameters | val. bits/char per seed | mean (95% t) | "
-        "final-state cosine per seed | minutes (seed 0) | train tok/s (seed 0) | equal time: "
-        "minutes, the arm's step / the recipe's |",
+        "final-state cosine per seed | minutes (seed 0, as run) | train tok/s (side by side) "
+        "| equal time: the arm's step / the recipe's |",
         "|---|---|---|---|---|---|---|---|---|"]
     for row in results["arms"]:
         bpc = " ".join(f"{v:.3f}" for v in row["val_bpc"].values())
@@ -897,14 +926,18 @@ def _recipe_report(out: Path, results: dict) -> None:
     for arm, sweep in results["sweep"].items():
         lines.append(f"| {arm} | " + "; ".join(
             f"{s['lr']:g}: {s['val_bpc']:.3f} ({s['collapse']:.3f})" for s in sweep) + " |")
-    verdicts = results["verdicts"]
+    verdicts, speed = results["verdicts"], results["speed"]
     m_count = next(iter(verdicts.values()))["comparisons"] if verdicts else 0
+    timed = provenance(speed["environment"]) or "not recorded."
     lines += [
         "", f"Each arm minus the recipe, paired by seed, at equal steps and at equal time "
-        f"(the shorter of the two seed-0 training times; each arm read at the step it reaches "
-        f"then). Two-sided Student-t intervals at level 1 - {ALPHA:g}/m, Bonferroni over the "
-        f"m = {m_count} comparisons, the sign fixed before the runs: **better** if the "
-        f"interval lies below 0 (fewer bits), **worse** above, else **unresolved**.", "",
+        f"(the training steps of the two models timed side by side, {speed['rounds']} "
+        f"alternating rounds, median: the slower arm read at the step it reaches in the time "
+        f"the faster takes for all of them). Two-sided Student-t intervals at level "
+        f"1 - {ALPHA:g}/m, Bonferroni over the m = {m_count} comparisons, the sign fixed "
+        f"before the runs: **better** if the interval lies below 0 (fewer bits), **worse** "
+        f"above, else **unresolved**.", "",
+        f"The side-by-side timings: {timed[:1].lower()}{timed[1:]}", "",
         "| comparison | differences per seed | mean | half-width | verdict |",
         "|---|---|---|---|---|"]
     for name, v in verdicts.items():

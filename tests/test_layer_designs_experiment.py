@@ -228,9 +228,10 @@ def _summary(seed, bpc, seconds_per_step, collapse=0.1):
 
 def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     """Designs at the recipe's size against the recipe, on synthetic curves with known
-    answers: an arm twice as slow per step reaches step 50 in the recipe's time (100 s), so
-    its equal-time difference is its curve at 50 minus the recipe's at 100 (read linearly
-    between validations); the equal-steps difference is the final one; both decided at
+    answers: an arm twice as slow per step (its step and the recipe's timed side by side)
+    reaches step 50 in the recipe's time (100 s), so its equal-time difference is its curve at
+    50 minus the recipe's at 100 (read linearly between validations); the equal-steps
+    difference is the final one; both decided at
     1 - 0.05 / m with m = 4 (two arms, two comparisons each); an arm equal to the recipe up to
     noise of either sign is unresolved."""
     compare = _script().recipe_comparison
@@ -240,7 +241,9 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
             for k in range(3)}
     null = {k: _summary(k, lambda s, k=k: 3.0 - s / 100 + 0.01 * k + noise[k], 1.0)
             for k in range(3)}
-    out = compare({"recipe": recipe, "slow": slow, "null": null}, "recipe")
+    speed = {"tokens_per_s": {arm: {"train_tokens_per_s": 40 / seconds} for arm, seconds in
+                              (("recipe", 1.0), ("slow", 2.0), ("null", 1.0), ("one", 0.5))}}
+    out = compare({"recipe": recipe, "slow": slow, "null": null}, "recipe", speed)
     v = out["verdicts"]
     assert list(v) == ["slow, equal steps", "slow, equal time", "null, equal steps",
                        "null, equal time"]
@@ -259,10 +262,15 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     assert rows["slow"]["minutes"] == pytest.approx(200 / 60)
     assert rows["slow"]["tokens_per_s"] == pytest.approx(4000 / 200)
     assert rows["recipe"]["collapsed"] == 0 and "equal_time" not in rows["recipe"]
-    # a collapsed seed is counted; one paired seed leaves the arm unresolved
+    # a collapsed seed is counted; one paired seed leaves the arm unresolved; an arm twice as
+    # fast per step (timed side by side, whatever its run's own clock said) is read at its last
+    # step against the recipe's at 50
     one = compare({"recipe": recipe, "one": {0: _summary(0, lambda s: 1.0, 1.0, 0.995)}},
-                  "recipe")
+                  "recipe", speed)
     assert {r["arm"]: r["collapsed"] for r in one["arms"]} == {"recipe": 0, "one": 1}
+    assert one["arms"][1]["equal_time"] == {"seconds": 50.0, "step": 100.0,
+                                            "baseline_step": 50.0}
+    assert one["verdicts"]["one, equal time"]["differences"] == pytest.approx([1.0 - 2.5])
     assert {x["verdict"] for x in one["verdicts"].values()} == {"unresolved"}
 
 
@@ -299,6 +307,10 @@ def test_quick_recipe_part(tmp_path):
     assert rows["euler post"]["val_bpc"] == {
         str(k): summaries[f"euler-post-lr{best}-seed{k}"]["final"]["val_bpc"] for k in (0, 1)}
     assert [s["lr"] for s in results["sweep"]["euler post"]] == [0.002, 0.004]
+    rate = {arm: r["train_tokens_per_s"] for arm, r in results["speed"]["tokens_per_s"].items()}
+    assert set(rate) == {"recipe", "euler post"}
+    assert rows["euler post"]["equal_time"]["step"] == pytest.approx(
+        10 * min(1.0, rate["euler post"] / rate["recipe"]))
     report = (part / "report.md").read_text()
     assert "| euler post, equal steps |" in report and "m = 2 comparisons" in report
     assert (part / "curves.png").stat().st_size > 1000

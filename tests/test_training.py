@@ -99,7 +99,8 @@ def test_runs_with_other_rates_and_schedules_share_one_compiled_step():
         train(dataclasses.replace(config, **change), progress=False)
     assert train_step._cache_size() == programs
     # and the throughput measurement times that very program
-    throughput(SolverLM(config.model, rngs=nnx.Rngs(1)), config.batch_size, TINY.context, 1)
+    throughput({"m": SolverLM(config.model, rngs=nnx.Rngs(1))}, config.batch_size,
+               TINY.context, 1)
     assert train_step._cache_size() == programs
 
 

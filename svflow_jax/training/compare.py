@@ -14,8 +14,9 @@ nothing else; there is no second implementation.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
 * :func:`token_collapse`: the mean cosine between the final token states of a sequence (1: every
   token at one point, the head can only output one distribution).
-* :func:`throughput`: tokens/s of a training step and of a forward pass, for a design and for
-  the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and compute.
+* :func:`throughput`: tokens/s of a training step and of a forward pass of several models
+  (designs, the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and
+  compute), timed side by side.
 * :func:`gradient_memory`: XLA's temporary memory of the compiled gradient program against the
   number of blocks, with and without rematerialisation.
 * :func:`interval`: mean and 95% half-width (Student t) over seeds.
@@ -27,6 +28,8 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,37 +177,39 @@ def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,
     return rows
 
 
-def _time(fn, repeats: int) -> float:
-    """Median seconds per call (after one warm-up call)."""
-    jax.block_until_ready(fn())
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
-def throughput(model: nnx.Module, batch_size: int, context: int, repeats: int = 5,
-               seed: int = 0) -> dict[str, float]:
-    """Tokens per second of one AdamW training step and of one forward pass of ``model``
-    (a :class:`SolverLM` or a :class:`TransformerLM`) on random tokens."""
-    vocab = model.config.vocab_size
-    tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0, vocab,
-                                jnp.int32)  # as the tasks give them
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    # the trainer's own step, placed as fit places it: the program a training run compiled
-    mesh, graphdef, params, rest, tx, opt_state = placed(model, make_optimizer(
-        TrainConfig(steps=100)))
-    batch = put_batch((inputs, targets, jnp.ones(targets.shape, jnp.float32)), mesh)
-
-    def step():
-        return train_step(graphdef, lm_loss, tx, params, rest, opt_state, batch)
-
-    forward = jax.jit(lambda params: nnx.merge(graphdef, params, rest)(inputs))
+def throughput(models: Mapping[str, nnx.Module], batch_size: int, context: int,
+               rounds: int = 5, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Tokens per second of one AdamW training step and of one forward pass of each of
+    ``models`` (name -> :class:`SolverLM` or :class:`TransformerLM`) on random tokens, timed
+    side by side: after one warm-up call of each program, ``rounds`` rounds each call every
+    model's step and forward pass once; a rate is ``batch_size * context`` over the median
+    call. Alternating the models within each round spreads a change of the machine's load over
+    all of them, so their ratios stay fair on a busy machine."""
+    tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0,
+                                min(m.config.vocab_size for m in models.values()), jnp.int32)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # as the tasks give them
+    programs = {}
+    for name, model in models.items():
+        # the trainer's own step, placed as fit places it: the program a training run compiled
+        mesh, graphdef, params, rest, tx, opt_state = placed(model, make_optimizer(
+            TrainConfig(steps=100)))
+        batch = put_batch((inputs, targets, jnp.ones(targets.shape, jnp.float32)), mesh)
+        forward = jax.jit(lambda params, graphdef=graphdef, rest=rest:
+                          nnx.merge(graphdef, params, rest)(inputs))
+        programs[name] = {
+            "train": partial(train_step, graphdef, lm_loss, tx, params, rest, opt_state, batch),
+            "inference": partial(forward, params)}
+    samples = {(name, kind): [] for name, fns in programs.items() for kind in fns}
+    for key in samples:
+        jax.block_until_ready(programs[key[0]][key[1]]())  # compiles
+    for _ in range(rounds):
+        for (name, kind), times in samples.items():
+            start = time.perf_counter()
+            jax.block_until_ready(programs[name][kind]())
+            times.append(time.perf_counter() - start)
     n = batch_size * context
-    return {"train_tokens_per_s": n / _time(step, repeats),
-            "inference_tokens_per_s": n / _time(lambda: forward(params), repeats)}
+    return {name: {f"{kind}_tokens_per_s": n / float(np.median(samples[name, kind]))
+                   for kind in fns} for name, fns in programs.items()}
 
 
 def gradient_memory(config: DesignConfig, depths, batch_size: int) -> dict[str, list[float]]:
