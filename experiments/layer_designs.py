@@ -22,10 +22,10 @@ parallel (Euler) blocks on the sphere with the residual step against nGPT's norm
 ``ngpt/``; without ``--part`` these four run. ``--part recipe`` (:func:`run_recipe`, only
 when named) trains designs at the size of the recipe itself, each paired by seed with it at
 equal steps and at equal time (from training steps timed side by side, so runs may share a
-busy machine), in ``recipe/``: every run takes 18-23 minutes on 2 idle CPU cores (about 5
-hours for all of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
-(``--arms "lie-trotter post" --seeds 1``: the recipe and one arm at seed 0, about 40
-minutes), and a later call with more seeds or arms reuses every finished run.
+busy machine), in ``recipe/``: every run takes 18-23 minutes on 2 idle CPU cores (about 18
+hours for the 54 runs of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
+(``--arms "lie-trotter post" --seeds 1``: the recipe and one arm's two rates at seed 0,
+about an hour), and a later call with more seeds or arms reuses every finished run.
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
 language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
@@ -693,15 +693,30 @@ def versus_baseline(pairs: dict[str, list[float]], alpha: float = ALPHA) -> dict
 #: paired by seed with the recipe itself. An arm is the recipe's model with ``model``'s fields
 #: changed, trained at each peak rate of ``lrs`` (``None``: the recipe's rate) at seed 0, for the
 #: recipe's full length, and at the best of them for the other seeds. ``recipe + head bias`` is
-#: the null: a change built to leave the loss where it is.
+#: the null: a change built to leave the loss where it is. The one-evaluation designs keep the
+#: recipe's four layers of weights; the two-stage (Heun, midpoint: 2 blocks) and four-stage (RK4:
+#: 1 block) designs spend the same 4 evaluations with the same parameters as 4 anchors linear in
+#: depth, and ``euler pre, linear weights`` is the recipe on that weight path, the control that
+#: separates the path from the design. Strang (1.5 evaluations a block) and Crouch-Grossman 3
+#: (3) cannot spend exactly 4, so they are compared only in ``--part designs`` (budget 12).
+_GRID = [2e-3, 4e-3]
+_LINEAR = dict(weights="linear", num_anchors=4)
 RECIPE = dict(seeds=3, baseline="recipe", arms={
     "recipe": dict(model={}, lrs=None),
     "recipe + head bias": dict(model=dict(head_bias=True), lrs=None),
-    "euler post": dict(model=dict(norm_position="post", head_bias=True), lrs=[2e-3, 4e-3]),
+    "euler post": dict(model=dict(norm_position="post", head_bias=True), lrs=_GRID),
     "lie-trotter post": dict(model=dict(design="lie-trotter", norm_position="post",
-                                        head_bias=True), lrs=[4e-3]),
+                                        head_bias=True), lrs=_GRID),
     "lie-trotter ngpt": dict(model=dict(design="lie-trotter", norm_position="post",
-                                        update="ngpt", head_bias=True), lrs=[2e-3]),
+                                        update="ngpt", head_bias=True), lrs=_GRID),
+    "lie-trotter pre": dict(model=dict(design="lie-trotter", head_bias=True), lrs=_GRID),
+    "geodesic-euler post": dict(model=dict(design="geodesic-euler", norm_position="post",
+                                           head_bias=True), lrs=_GRID),
+    **{f"{design} {norm}": dict(model=dict(design=design, norm_position=norm, num_steps=blocks,
+                                           head_bias=True, **_LINEAR), lrs=_GRID)
+       for design, blocks in (("heun", 2), ("midpoint", 2), ("rk4", 1))
+       for norm in ("pre", "post")},
+    "euler pre, linear weights": dict(model=dict(head_bias=True, **_LINEAR), lrs=_GRID),
 })
 RECIPE_QUICK = dict(seeds=2, baseline="recipe", arms={
     arm: RECIPE["arms"][arm] for arm in ("recipe", "euler post")})

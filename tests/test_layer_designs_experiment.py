@@ -274,6 +274,38 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     assert {x["verdict"] for x in one["verdicts"].values()} == {"unresolved"}
 
 
+def test_recipe_arms_spend_the_recipes_evaluations_with_its_parameters():
+    """Equal compute at the recipe's size: every arm of ``RECIPE`` spends the recipe's field
+    evaluations per forward pass (counted at run time by ``solvers.evaluations``) with its
+    parameters, up to the head's bias (256) and nGPT's rates (2 x 4 x 192); every design of the
+    comparison but the two that cannot spend exactly 4 evaluations (Strang, Crouch-Grossman 3)
+    has an arm."""
+    from flax import nnx
+
+    from svflow_jax import solvers
+    from svflow_jax.designs import SolverLM
+    from svflow_jax.training.compare import count_parameters
+    from svflow_jax.training.recipes import recipe
+
+    arms = _script().RECIPE["arms"]
+    base = recipe("austen").resolved().model
+
+    def cost(model):
+        spent = solvers.evaluations(solvers.CATALOGUE[model.design], model.num_steps,
+                                    model.norm_position)
+        size = count_parameters(nnx.eval_shape(lambda: SolverLM(model, rngs=nnx.Rngs(0))))
+        return spent, size
+
+    spent, size = cost(base)
+    assert spent == 4
+    for arm, spec in arms.items():
+        model = base.replace(**spec["model"])
+        extra = 256 * model.head_bias + (2 * 4 * 192 if model.update == "ngpt" else 0)
+        assert cost(model) == (spent, size + extra), arm
+    designs = {base.replace(**spec["model"]).design for spec in arms.values()}
+    assert set(_script().DEFAULT["designs"]) - designs == {"strang", "crouch-grossman3"}
+
+
 def test_quick_recipe_part(tmp_path):
     """``--part recipe --quick``: the recipe and the post-norm arm at a CI size, 2 seeds; seed 0
     at every rate of the arm's grid, seed 1 at the rate with the lowest final loss; the
