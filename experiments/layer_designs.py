@@ -860,12 +860,12 @@ def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str, speed: di
         pairs[f"{arm}, equal steps"] = [final[k] - base[k]["final"]["val_bpc"]
                                         for k in paired]
         if paired:
-            last = some["history"][-1]
+            last = some["history"][-1]  # N steps, their tokens
             base_rate = speed["tokens_per_s"][baseline]["train_tokens_per_s"]
-            T = last["tokens"] / max(rate, base_rate)  # seconds of training steps
-            step = {arm: T * rate / last["tokens"] * last["step"],
-                    baseline: T * base_rate / last["tokens"] * last["step"]}
-            row["equal_time"] = {"seconds": T, "step": step[arm],
+            fastest = max(rate, base_rate)
+            step = {arm: last["step"] * rate / fastest,
+                    baseline: last["step"] * base_rate / fastest}
+            row["equal_time"] = {"seconds": last["tokens"] / fastest, "step": step[arm],
                                  "baseline_step": step[baseline]}
             pairs[f"{arm}, equal time"] = [
                 _at(seeds[k]["history"], "step", step[arm], "val_bpc")

@@ -231,9 +231,8 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     answers: an arm twice as slow per step (its step and the recipe's timed side by side)
     reaches step 50 in the recipe's time (100 s), so its equal-time difference is its curve at
     50 minus the recipe's at 100 (read linearly between validations); the equal-steps
-    difference is the final one; both decided at
-    1 - 0.05 / m with m = 4 (two arms, two comparisons each); an arm equal to the recipe up to
-    noise of either sign is unresolved."""
+    difference is the final one; both decided at 1 - 0.05 / m with m = 4 (two arms, two
+    comparisons each); an arm equal to the recipe up to noise of either sign is unresolved."""
     compare = _script().recipe_comparison
     noise = [0.004, -0.003, 0.001]
     recipe = {k: _summary(k, lambda s, k=k: 3.0 - s / 100 + 0.01 * k, 1.0) for k in range(3)}

@@ -188,7 +188,7 @@ def throughput(models: Mapping[str, nnx.Module], batch_size: int, context: int,
     tokens = jax.random.randint(jax.random.key(seed), (batch_size, context + 1), 0,
                                 min(m.config.vocab_size for m in models.values()), jnp.int32)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # as the tasks give them
-    programs = {}
+    calls = {}  # (model, "train" | "inference") -> a call of its compiled program
     for name, model in models.items():
         # the trainer's own step, placed as fit places it: the program a training run compiled
         mesh, graphdef, params, rest, tx, opt_state = placed(model, make_optimizer(
@@ -196,20 +196,20 @@ def throughput(models: Mapping[str, nnx.Module], batch_size: int, context: int,
         batch = put_batch((inputs, targets, jnp.ones(targets.shape, jnp.float32)), mesh)
         forward = jax.jit(lambda params, graphdef=graphdef, rest=rest:
                           nnx.merge(graphdef, params, rest)(inputs))
-        programs[name] = {
-            "train": partial(train_step, graphdef, lm_loss, tx, params, rest, opt_state, batch),
-            "inference": partial(forward, params)}
-    samples = {(name, kind): [] for name, fns in programs.items() for kind in fns}
-    for key in samples:
-        jax.block_until_ready(programs[key[0]][key[1]]())  # compiles
+        calls[name, "train"] = partial(train_step, graphdef, lm_loss, tx, params, rest,
+                                       opt_state, batch)
+        calls[name, "inference"] = partial(forward, params)
+    for call in calls.values():
+        jax.block_until_ready(call())  # compiles
+    samples = {key: [] for key in calls}
     for _ in range(rounds):
-        for (name, kind), times in samples.items():
+        for key, call in calls.items():
             start = time.perf_counter()
-            jax.block_until_ready(programs[name][kind]())
-            times.append(time.perf_counter() - start)
+            jax.block_until_ready(call())
+            samples[key].append(time.perf_counter() - start)
     n = batch_size * context
     return {name: {f"{kind}_tokens_per_s": n / float(np.median(samples[name, kind]))
-                   for kind in fns} for name, fns in programs.items()}
+                   for kind in ("train", "inference")} for name in models}
 
 
 def gradient_memory(config: DesignConfig, depths, batch_size: int) -> dict[str, list[float]]:
