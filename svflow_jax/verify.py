@@ -44,10 +44,16 @@ def default_cache_dir() -> Path:
 
 def enable_compilation_cache(path: str | Path | None = None) -> Path:
     """JAX's persistent compilation cache in ``path`` (default :func:`default_cache_dir`),
-    keeping every program however quick to compile. Call before the first compilation."""
+    keeping every program however quick to compile. Call before the first compilation; called
+    later, it moves the cache there (JAX opens its cache folder once, at the first compilation,
+    so the cache is reset when the folder changes)."""
     path = Path(path) if path is not None else default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
+    if jax.config.jax_compilation_cache_dir != str(path):
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path

@@ -16,7 +16,10 @@ The tests' problems are small, so their time is mostly XLA compilation:
   through the environment (``JAX_COMPILATION_CACHE_DIR``, the two thresholds at 0, at most
   2 GiB: least recently used programs go first), so the xdist workers, the scripts and
   commands the tests start, the notebook kernels and the docs build all share it. A
-  ``JAX_COMPILATION_CACHE_DIR`` already in the environment wins. A cached program is the
+  ``JAX_COMPILATION_CACHE_DIR`` already in the environment wins. jax reads these variables
+  when it is first imported, which can come before this file sets them, so the tests' own
+  processes also set jax's options from them; a test that moves the cache (a command run
+  in-process) gives it back (:func:`_suite_compilation_cache`). A cached program is the
   program XLA would compile (the key covers the computation, the flags, the backend and the
   versions), so results do not depend on it; tests about the cache itself pass their own
   empty folder (``--cache-dir``).
@@ -42,10 +45,13 @@ import pytest
 
 from svflow_jax.xla_settings import use_project_flags
 
-# Marked, so that commands, notebook kernels and the docs build that should run as a user runs
-# them can drop flags the tests set (scripts_for_tests.users_env); a user's own XLA_FLAGS stay.
-if "XLA_FLAGS" not in os.environ and use_project_flags(quick=True):
-    os.environ["SVFLOW_TESTS_SET_XLA_FLAGS"] = os.environ["XLA_FLAGS"]
+# jax's options for its persistent compilation cache, the variables that set them, their type.
+CACHE_OPTIONS = (("jax_compilation_cache_dir", "JAX_COMPILATION_CACHE_DIR", str),
+                 ("jax_persistent_cache_min_compile_time_secs",
+                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", float),
+                 ("jax_persistent_cache_min_entry_size_bytes",
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", int),
+                 ("jax_compilation_cache_max_size", "JAX_COMPILATION_CACHE_MAX_SIZE", int))
 
 _cache = os.environ.get("SVFLOW_TEST_JAX_CACHE",
                         str(Path.home() / ".cache" / "svflow-jax" / "test-xla"))
@@ -55,11 +61,36 @@ if _cache and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 1024**3))  # LRU beyond
 
+# Marked, so that commands, notebook kernels and the docs build that should run as a user runs
+# them can drop flags the tests set (scripts_for_tests.users_env); a user's own XLA_FLAGS stay.
+# (use_project_flags imports jax, which reads its JAX_* variables once, at import: hence after.)
+if "XLA_FLAGS" not in os.environ and use_project_flags(quick=True):
+    os.environ["SVFLOW_TESTS_SET_XLA_FLAGS"] = os.environ["XLA_FLAGS"]
+
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# A plugin may have imported jax before this file set the variables: the tests' own process
+# takes the cache from them here (tests/test_xla_settings.py checks that it is in force).
+if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    for _option, _variable, _kind in CACHE_OPTIONS:
+        jax.config.update(_option, _kind(os.environ[_variable]))
 
 SMOLLM2 = "smollm2-135m-instruct"
+
+
+@pytest.fixture(autouse=True)
+def _suite_compilation_cache():
+    """Gives the next test the suite's compilation cache back when a command run in-process
+    moved it (``svflow inspect`` without ``--no-compile-cache`` opens the user's own)."""
+    before = {option: getattr(jax.config, option) for option, _, _ in CACHE_OPTIONS}
+    yield
+    if any(getattr(jax.config, option) != value for option, value in before.items()):
+        from jax.experimental.compilation_cache import compilation_cache
+
+        for option, value in before.items():
+            jax.config.update(option, value)
+        compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")

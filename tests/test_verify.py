@@ -169,6 +169,25 @@ def test_verify_quick_end_to_end_then_from_the_cache(tmp_path):
     assert again["compile"]["xla_compilations"] < comp["xla_compilations"]
 
 
+def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
+    """Called after programs were compiled (JAX then has its cache folder open, or none), the
+    next program lands in the new folder, not in the old one (conftest.py gives the next test
+    the suite's cache back)."""
+    import jax
+    import jax.numpy as jnp
+
+    from svflow_jax.verify import enable_compilation_cache
+
+    jax.jit(lambda x: x + 1.0)(jnp.ones(2)).block_until_ready()  # the current cache is open
+    assert enable_compilation_cache(tmp_path / "moved") == tmp_path / "moved"
+
+    def moved_cache_probe(x):
+        return x * 3.5 - 2.0
+
+    jax.jit(moved_cache_probe)(jnp.arange(4.0)).block_until_ready()
+    assert len(list((tmp_path / "moved").glob("jit_moved_cache_probe-*-cache"))) == 1
+
+
 def test_project_flags_for_quick_runs_unless_the_user_set_their_own(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     assert use_project_flags(quick=True) == QUICK_FLAGS == os.environ["XLA_FLAGS"]

@@ -6,6 +6,7 @@ backend starts; a user's ``XLA_FLAGS`` wins. The GPU case is simulated by the fu
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,24 @@ def test_jax_platforms_cuda_sets_no_flag_and_starts_no_backend():
                               env={**env, "JAX_PLATFORMS": platforms}, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == expected
+
+
+def test_the_tests_own_process_uses_the_compilation_cache():
+    """conftest.py names a persistent compilation cache for the whole suite; jax reads its
+    variables once, when it is imported, which may come first (a plugin, ``expected_platform``),
+    so conftest also sets the options: a program compiled here lands in that folder."""
+    import jax
+    import jax.numpy as jnp
+
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not folder:
+        pytest.skip("the compilation cache is turned off (SVFLOW_TEST_JAX_CACHE is empty)")
+    assert jax.config.jax_compilation_cache_dir == folder
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == float(
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+
+    def cache_probe(x):
+        return x * 7.25 + 1.0
+
+    jax.jit(cache_probe)(jnp.arange(3.0)).block_until_ready()
+    assert list(Path(folder).glob("jit_cache_probe-*-cache"))
