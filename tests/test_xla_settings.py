@@ -100,3 +100,24 @@ def test_the_tests_own_process_uses_the_compilation_cache():
 
     jax.jit(cache_probe)(jnp.arange(3.0)).block_until_ready()
     assert list(Path(folder).glob("jit_cache_probe-*-cache"))
+
+
+def test_prune_cache_deletes_the_programs_used_longest_ago(tmp_path):
+    """The suite's cache bound (conftest.prune_cache): programs go, least recently used first
+    (access or modification time, the later), with their jax access-time files, until the rest
+    fit; other files stay."""
+    from conftest import CACHE_LIMIT, prune_cache
+
+    assert CACHE_LIMIT == 2 * 1024**3
+    used = {"a": 100, "b": 400, "c": 200, "d": 300}  # key: the time it was last used
+    for key, when in used.items():
+        program = tmp_path / f"jit_f-{key}-cache"
+        program.write_bytes(b"x" * 10)
+        (tmp_path / f"jit_f-{key}-atime").write_bytes(b"t")
+        os.utime(program, (when, 50) if key != "c" else (50, when))  # c: written at 200
+    (tmp_path / "other").write_bytes(b"y" * 100)
+    assert prune_cache(tmp_path, limit=25) == 2  # a (100), then c (200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "jit_f-b-atime", "jit_f-b-cache", "jit_f-d-atime", "jit_f-d-cache", "other"]
+    assert prune_cache(tmp_path, limit=20) == 0  # 20 bytes left: within the limit
+    assert prune_cache(tmp_path, limit=0) == 2 and not list(tmp_path.glob("*-cache"))
