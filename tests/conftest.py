@@ -76,8 +76,8 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 # A plugin may have imported jax before this file set the variables: the tests' own process
 # takes the cache from them here (tests/test_xla_settings.py checks that it is in force).
-if "JAX_COMPILATION_CACHE_DIR" in os.environ:
-    for _option, _variable, _kind in CACHE_OPTIONS:
+for _option, _variable, _kind in CACHE_OPTIONS:
+    if _variable in os.environ:  # a user's own JAX_COMPILATION_CACHE_DIR may come alone
         jax.config.update(_option, _kind(os.environ[_variable]))
 
 SMOLLM2 = "smollm2-135m-instruct"
