@@ -21,8 +21,8 @@ from .claims import Claim, ClaimResult, Context, Options, run_claims, select
 from .claims import measure as _measure
 from .environment import environment
 
-__all__ = ["SCHEMA_VERSION", "CompileStats", "compile_stats", "default_cache_dir",
-           "enable_compilation_cache", "run", "summary"]
+__all__ = ["CACHE_LIMIT", "SCHEMA_VERSION", "CompileStats", "compile_stats", "default_cache_dir",
+           "enable_compilation_cache", "prune_cache", "run", "summary"]
 
 SCHEMA_VERSION = 2
 
@@ -42,16 +42,51 @@ def default_cache_dir() -> Path:
     return Path(base) / "svflow-jax" / "xla"
 
 
-def enable_compilation_cache(path: str | Path | None = None) -> Path:
+#: The size :func:`enable_compilation_cache` trims a cache folder to when it opens it (bytes).
+CACHE_LIMIT = 2 * 1024**3
+
+
+def prune_cache(folder: str | Path, limit: int = CACHE_LIMIT) -> int:
+    """Deletes the programs of JAX's cache ``folder`` (``<key>-cache`` files, and the
+    ``<key>-atime`` files of JAX's own bound) used longest ago (the later of the file's access
+    and modification times) until the rest take at most ``limit`` bytes; returns how many.
+    Other files stay."""
+    programs = []
+    for path in Path(folder).glob("*-cache"):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # deleted meanwhile
+            continue
+        programs.append((max(stat.st_atime, stat.st_mtime), stat.st_size, path))
+    total = sum(size for _, size, _ in programs)
+    deleted = 0
+    for _, size, path in sorted(programs, key=lambda p: p[0]):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        path.with_name(path.name.removesuffix("-cache") + "-atime").unlink(missing_ok=True)
+        total -= size
+        deleted += 1
+    return deleted
+
+
+def enable_compilation_cache(path: str | Path | None = None,
+                             limit: int | None = CACHE_LIMIT) -> Path:
     """JAX's persistent compilation cache in ``path`` (default :func:`default_cache_dir`),
     keeping every program however quick to compile. Call before the first compilation; called
     later, it moves the cache there (JAX opens its cache folder once, at the first compilation,
-    so the cache is reset when the folder changes)."""
+    so the cache is reset when the folder changes).
+
+    JAX's own cache has no bound by default, so a folder this call opens is first trimmed to
+    ``limit`` bytes (:func:`prune_cache`; ``None``: not trimmed). A folder already in force,
+    e.g. from ``$JAX_COMPILATION_CACHE_DIR``, is left to whoever set it."""
     path = Path(path) if path is not None else default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     if jax.config.jax_compilation_cache_dir != str(path):
         from jax.experimental.compilation_cache import compilation_cache
 
+        if limit is not None:
+            prune_cache(path, limit)
         jax.config.update("jax_compilation_cache_dir", str(path))
         compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

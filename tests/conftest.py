@@ -13,10 +13,12 @@ The tests' problems are small, so their time is mostly XLA compilation:
   ``XLA_FLAGS`` in the environment wins (``XLA_FLAGS= python -m pytest`` for XLA's defaults);
 * every program is kept in JAX's persistent compilation cache, ``$SVFLOW_TEST_JAX_CACHE``, else
   ``~/.cache/svflow-jax/test-xla`` (an empty ``SVFLOW_TEST_JAX_CACHE`` turns it off). It is set
-  through the environment (``JAX_COMPILATION_CACHE_DIR``, the two thresholds at 0), so the
-  xdist workers, the scripts and commands the tests start, the notebook kernels and the docs
-  build all share it. Its size is bounded once per test run, at the start, by
-  :func:`prune_cache` (at most 2 GiB, the programs used longest ago go first), and not by jax:
+  through the environment (``JAX_COMPILATION_CACHE_DIR``, the two thresholds at 0, and
+  ``SVFLOW_CACHE_DIR``, the folder the ``svflow`` commands open), so the xdist workers, the
+  scripts and commands the tests start, the notebook kernels and the docs build all share it.
+  Its size is bounded once per test run, at the start, by
+  :func:`svflow_jax.verify.prune_cache` (at most 2 GiB, the programs used longest ago go
+  first), and not by jax:
   jax's bound (``jax_compilation_cache_max_size``) lists and reads the whole folder each time it
   writes a program, under a lock every process waits on (0.3-0.6 s per program at 8500
   programs; a run on an empty cache writes thousands). A
@@ -64,6 +66,8 @@ if _cache and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")  # prune_cache bounds it
+    # the svflow commands the tests start open this folder too, not the user's own
+    os.environ.setdefault("SVFLOW_CACHE_DIR", _cache)
 
 # Marked, so that commands, notebook kernels and the docs build that should run as a user runs
 # them can drop flags the tests set (scripts_for_tests.users_env); a user's own XLA_FLAGS stay.
@@ -158,40 +162,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupScheduling(config, log)
 
 
-#: The suite's compilation cache is trimmed to this many bytes at the start of a run.
-CACHE_LIMIT = 2 * 1024**3
-
-
-def prune_cache(folder: Path, limit: int = CACHE_LIMIT) -> int:
-    """Deletes the programs of jax's cache ``folder`` (``<key>-cache`` files, and the
-    ``<key>-atime`` files of jax's own bound) used longest ago (the later of the file's access
-    and modification times) until the rest take at most ``limit`` bytes; returns how many."""
-    programs = []
-    for path in folder.glob("*-cache"):
-        try:
-            stat = path.stat()
-        except FileNotFoundError:  # deleted meanwhile
-            continue
-        programs.append((max(stat.st_atime, stat.st_mtime), stat.st_size, path))
-    total = sum(size for _, size, _ in programs)
-    deleted = 0
-    for _, size, path in sorted(programs, key=lambda p: p[0]):
-        if total <= limit:
-            break
-        path.unlink(missing_ok=True)
-        path.with_name(path.name.removesuffix("-cache") + "-atime").unlink(missing_ok=True)
-        total -= size
-        deleted += 1
-    return deleted
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Trims the suite's compilation cache (:func:`prune_cache`), once per run: in the
     controller, before any worker starts."""
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if (folder and folder == _cache and not hasattr(session.config, "workerinput")
             and Path(folder).is_dir()):
-        prune_cache(Path(folder))
+        from svflow_jax.verify import prune_cache
+
+        prune_cache(folder)
 
 
 _seconds: dict[str, float] = defaultdict(float)

@@ -188,6 +188,47 @@ def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
     assert len(list((tmp_path / "moved").glob("jit_moved_cache_probe-*-cache"))) == 1
 
 
+def test_prune_cache_deletes_the_programs_used_longest_ago(tmp_path):
+    """The cache bound (:func:`svflow_jax.verify.prune_cache`, the suite's at each run and a
+    command's when it opens its folder): programs go, least recently used first (access or
+    modification time, the later), with their jax access-time files, until the rest fit; other
+    files stay."""
+    from svflow_jax.verify import CACHE_LIMIT, prune_cache
+
+    assert CACHE_LIMIT == 2 * 1024**3
+    used = {"a": 100, "b": 400, "c": 200, "d": 300}  # key: the time it was last used
+    for key, when in used.items():
+        program = tmp_path / f"jit_f-{key}-cache"
+        program.write_bytes(b"x" * 10)
+        (tmp_path / f"jit_f-{key}-atime").write_bytes(b"t")
+        os.utime(program, (when, 50) if key != "c" else (50, when))  # c: written at 200
+    (tmp_path / "other").write_bytes(b"y" * 100)
+    assert prune_cache(tmp_path, limit=25) == 2  # a (100), then c (200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "jit_f-b-atime", "jit_f-b-cache", "jit_f-d-atime", "jit_f-d-cache", "other"]
+    assert prune_cache(tmp_path, limit=20) == 0  # 20 bytes left: within the limit
+    assert prune_cache(tmp_path, limit=0) == 2 and not list(tmp_path.glob("*-cache"))
+
+
+def test_enable_compilation_cache_trims_a_folder_it_opens(tmp_path):
+    """A folder the call opens is trimmed to ``limit`` first (the program used longest ago
+    goes); called again on the folder now in force, nothing more is deleted."""
+    import jax
+
+    from svflow_jax.verify import enable_compilation_cache
+
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    for key, when in {"old": 100, "new": 200}.items():
+        (folder / f"jit_f-{key}-cache").write_bytes(b"x" * 10)
+        os.utime(folder / f"jit_f-{key}-cache", (when, when))
+    enable_compilation_cache(folder, limit=15)
+    assert [p.name for p in folder.glob("*-cache")] == ["jit_f-new-cache"]
+    assert jax.config.jax_compilation_cache_dir == str(folder)
+    enable_compilation_cache(folder, limit=0)  # already in force: left alone
+    assert [p.name for p in folder.glob("*-cache")] == ["jit_f-new-cache"]
+
+
 def test_project_flags_for_quick_runs_unless_the_user_set_their_own(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     assert use_project_flags(quick=True) == QUICK_FLAGS == os.environ["XLA_FLAGS"]

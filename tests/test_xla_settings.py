@@ -84,9 +84,13 @@ def test_jax_platforms_cuda_sets_no_flag_and_starts_no_backend():
 def test_the_tests_own_process_uses_the_compilation_cache():
     """conftest.py names a persistent compilation cache for the whole suite; jax reads its
     variables once, when it is imported, which may come first (a plugin, ``expected_platform``),
-    so conftest also sets the options: a program compiled here lands in that folder."""
+    so conftest also sets the options: a program compiled here lands in that folder. The
+    ``svflow`` commands the tests start open the same folder (``$SVFLOW_CACHE_DIR``), not the
+    user's own cache."""
     import jax
     import jax.numpy as jnp
+
+    from svflow_jax.verify import default_cache_dir
 
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if not folder:
@@ -95,6 +99,7 @@ def test_the_tests_own_process_uses_the_compilation_cache():
         pytest.skip("a JAX_COMPILATION_CACHE_DIR of the user's own, under jax's thresholds, "
                     "which keep no program as quick to compile as this one")
     assert jax.config.jax_compilation_cache_dir == folder
+    assert str(default_cache_dir()) == folder
     assert jax.config.jax_persistent_cache_min_compile_time_secs == float(
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
 
@@ -103,24 +108,3 @@ def test_the_tests_own_process_uses_the_compilation_cache():
 
     jax.jit(cache_probe)(jnp.arange(3.0)).block_until_ready()
     assert list(Path(folder).glob("jit_cache_probe-*-cache"))
-
-
-def test_prune_cache_deletes_the_programs_used_longest_ago(tmp_path):
-    """The suite's cache bound (conftest.prune_cache): programs go, least recently used first
-    (access or modification time, the later), with their jax access-time files, until the rest
-    fit; other files stay."""
-    from conftest import CACHE_LIMIT, prune_cache
-
-    assert CACHE_LIMIT == 2 * 1024**3
-    used = {"a": 100, "b": 400, "c": 200, "d": 300}  # key: the time it was last used
-    for key, when in used.items():
-        program = tmp_path / f"jit_f-{key}-cache"
-        program.write_bytes(b"x" * 10)
-        (tmp_path / f"jit_f-{key}-atime").write_bytes(b"t")
-        os.utime(program, (when, 50) if key != "c" else (50, when))  # c: written at 200
-    (tmp_path / "other").write_bytes(b"y" * 100)
-    assert prune_cache(tmp_path, limit=25) == 2  # a (100), then c (200)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "jit_f-b-atime", "jit_f-b-cache", "jit_f-d-atime", "jit_f-d-cache", "other"]
-    assert prune_cache(tmp_path, limit=20) == 0  # 20 bytes left: within the limit
-    assert prune_cache(tmp_path, limit=0) == 2 and not list(tmp_path.glob("*-cache"))

@@ -29,7 +29,8 @@ def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = T
         p.add_argument("--no-compile-cache", action="store_true",
                        help="do not use JAX's persistent compilation cache")
         p.add_argument("--cache-dir", help="compilation cache folder (default: "
-                       "$SVFLOW_CACHE_DIR, else ~/.cache/svflow-jax/xla)")
+                       "$SVFLOW_CACHE_DIR, else ~/.cache/svflow-jax/xla), trimmed to 2 GiB "
+                       "when opened, the programs used longest ago first")
 
 
 def add_flow_options(p: argparse.ArgumentParser) -> None:
