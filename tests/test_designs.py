@@ -268,6 +268,47 @@ def test_token_collapse_against_a_pairwise_loop():
     assert COLLAPSED < 1.0
 
 
+@pytest.mark.parametrize("design", ["geodesic-euler", "euler"])
+def test_step_lengths_are_the_angles_one_block_turns(design):
+    """One block from ``y_0``: geodesic Euler turns each token by the measured step length
+    ``theta``, post-norm Euler by ``atan(theta)`` (the angle read from ``y_0`` and ``y_1`` of
+    the model's own forward pass, in float64); ``theta`` is linear in the step ``h = T`` (the
+    field at ``t = 0`` does not depend on ``T``), which takes tokens past half a turn; a
+    pre-norm stack is refused."""
+    from svflow_jax.training.compare import step_lengths
+    from svflow_jax.training.tasks import AustenBytes
+
+    task = AustenBytes(context=12)
+
+    def model(duration, norm="post"):
+        return SolverLM(DesignConfig(design=design, norm_position=norm, d_model=16, n_heads=2,
+                                     d_head=8, d_ff=32, num_steps=1, num_anchors=2,
+                                     duration=duration, context=12),
+                        rngs=nnx.Rngs(3))
+
+    one = model(1.0)
+    measured = step_lengths(one, task, 6, batch_size=3)
+    inputs = jnp.asarray(np.concatenate([b[0] for b in task.eval_batches(6, 3)]))
+    y0 = np.asarray(one.initial_state(inputs), np.float64).reshape(-1, 16)
+    y1 = np.asarray(one.final_state(inputs), np.float64).reshape(-1, 16)
+    dot = np.sum(y0 * y1, axis=-1)
+    angle = np.arctan2(np.linalg.norm(y1 - dot[:, None] * y0, axis=-1), dot)
+    theta = angle if design == "geodesic-euler" else np.tan(angle)
+    assert theta.max() < np.pi  # below half a turn the angle says theta
+    np.testing.assert_allclose(measured["median"], [np.median(theta)], rtol=1e-4)
+    np.testing.assert_allclose(measured["p99"], [np.quantile(theta, 0.99)], rtol=1e-4)
+    np.testing.assert_allclose(measured["max"], [theta.max()], rtol=1e-4)
+    assert measured["above_pi"] == [0.0]
+
+    scale = 2 * np.pi / np.median(theta)  # the median token then turns by a whole turn
+    far = step_lengths(model(scale), task, 6, batch_size=3)
+    np.testing.assert_allclose(far["max"], [scale * theta.max()], rtol=1e-4)
+    assert far["above_pi"][0] == pytest.approx(np.mean(scale * theta > np.pi))
+    assert far["above_pi"][0] > 0.5
+    with pytest.raises(ValueError, match="norm_position='post'"):
+        step_lengths(model(1.0, "pre"), task, 6, batch_size=3)
+
+
 def test_head_bias_starts_at_the_log_prior_of_the_training_text():
     """With ``head_bias`` the trainer starts the bias at the task's log prior: the add-one
     smoothed byte frequencies of the training text, counted here with ``collections.Counter``;

@@ -14,6 +14,8 @@ nothing else; there is no second implementation.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
 * :func:`token_collapse`: the mean cosine between the final token states of a sequence (1: every
   token at one point, the head can only output one distribution).
+* :func:`step_lengths`: how far each block of a stack on the sphere moves the tokens (the
+  geodesic step's angle, unbounded, against the normalised step's, below pi/2).
 * :func:`throughput`: tokens/s of a training step and of a forward pass of several models
   (designs, the plain NNX :class:`~svflow_jax.transformer.TransformerLM` of the same width and
   compute), timed side by side.
@@ -57,6 +59,7 @@ __all__ = [
     "adaptive_depth",
     "token_collapse",
     "COLLAPSED",
+    "step_lengths",
     "throughput",
     "gradient_memory",
     "interval",
@@ -134,6 +137,45 @@ def token_collapse(model: SolverLM, task, eval_sequences: int, batch_size: int =
         total = jnp.sum(jnp.sum(u, axis=-2) ** 2, axis=-1)  # sum_{i,j} cos = |sum_i u_i|^2
         values.append(np.asarray((total - n) / (n * (n - 1))))
     return float(np.mean(np.concatenate(values)))
+
+
+def step_lengths(model: SolverLM, task, eval_sequences: int,
+                 batch_size: int = 32) -> dict[str, list[float]]:
+    """How far each block of a stack on the sphere (``norm_position="post"``) moves the
+    tokens: at block ``k``'s start state ``y_k`` (the trained depth, ``h = T / N``), the length
+    of its first stage's step, ``theta = h |P_y v(t_k, y_k)|``, with ``v`` the fields' sum.
+
+    For geodesic Euler, ``exp_y(h P_y v)``, ``theta`` is the angle the block turns the token,
+    with no bound: past ``pi`` the token passes the antipode. The normalised step
+    ``(y + h v) / |y + h v|`` of post-norm Euler turns it by ``atan(theta) < pi / 2``.
+
+    Returns, per block, over the validation tokens: ``median``, ``p99``, ``max`` and
+    ``above_pi`` (the share of tokens with ``theta > pi``)."""
+    from svflow_jax import sphere
+    from svflow_jax.designs import integrate
+
+    c = model.config
+    if c.norm_position != "post":
+        raise ValueError("step_lengths measures stacks on the sphere (norm_position='post'); "
+                         f"this one is {c.norm_position!r}")
+    terms = model.terms()
+    solver = c.layer_design.solver_for(c.norm_position)
+    h = c.duration / c.num_steps
+    thetas: list[list[np.ndarray]] = [[] for _ in range(c.num_steps)]
+    for inputs, _, _ in task.eval_batches(eval_sequences, batch_size):
+        y = model.initial_state(jnp.asarray(inputs))
+        for k in range(c.num_steps):
+            t = k * h
+            v = terms.vf(t, y, None)
+            v = sum(v) if isinstance(v, tuple) else v  # a splitting: one field per term
+            thetas[k].append(np.asarray(h * jnp.linalg.norm(sphere.project_tangent(y, v),
+                                                            axis=-1)).ravel())
+            y = integrate(solver, terms, y, t, t + h, 1, remat=False)
+    per_block = [np.concatenate(theta) for theta in thetas]
+    return {"median": [float(np.median(t)) for t in per_block],
+            "p99": [float(np.quantile(t, 0.99)) for t in per_block],
+            "max": [float(t.max()) for t in per_block],
+            "above_pi": [float(np.mean(t > np.pi)) for t in per_block]}
 
 
 def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences: int = 32,
