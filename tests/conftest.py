@@ -38,7 +38,9 @@ of the suite's time) and the tests that load SmolLM2 form one, so that the sessi
 handed out first.
 
 With ``$SVFLOW_TEST_ARTIFACTS`` set (CI sets ``.ci/artifacts``), the controller writes
-``durations.tsv`` there: every test's setup + call + teardown seconds, and each file's total.
+``durations.tsv`` there: every test's setup + call + teardown seconds (wall), CPU seconds of
+its process and of the child processes it waited for, and jax's tracing, lowering, compiling and
+cache-loading seconds in its process; then each file's sums and the suite's.
 """
 
 from __future__ import annotations
@@ -173,24 +175,65 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         prune_cache(folder)
 
 
-_seconds: dict[str, float] = defaultdict(float)
+# What each test spent, per phase report: wall seconds (pytest's ``duration``), and from the
+# process that ran it (a worker) its CPU seconds, the CPU seconds of the child processes it
+# waited for (commands, scripts, notebook kernels, the docs build), and jax's tracing, lowering,
+# compiling and cache-loading seconds in that process (svflow_jax.verify.compile_stats). The
+# worker attaches them to its reports (pytest_runtest_makereport); xdist sends them to the
+# controller, which sums them per test (pytest_runtest_logreport).
+COSTS = ("seconds", "cpu_s", "children_cpu_s", "trace_s", "lower_s", "compile_s",
+         "cache_load_s")
+_costs: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COSTS, 0.0))
+_process: dict = {}
+
+
+def _process_costs() -> dict[str, float]:
+    """This process's running totals (the compile statistics are opened at the first call)."""
+    import resource
+    import time
+
+    if "stats" not in _process:
+        from svflow_jax.verify import compile_stats
+
+        _process["context"] = compile_stats()  # kept: its exit would close the statistics
+        _process["stats"] = _process["context"].__enter__()  # open for the process's lifetime
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    compile_figures = _process["stats"].as_dict(0.0)
+    return {"cpu_s": time.process_time(), "children_cpu_s": children.ru_utime + children.ru_stime,
+            **{k: compile_figures[k] for k in COSTS[3:]}}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    now = _process_costs()
+    before = _process.get("last", now)
+    _process["last"] = now
+    outcome.get_result().svflow_costs = {k: now[k] - before[k] for k in now}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _seconds[report.nodeid.split("@")[0]] += report.duration
+    costs = _costs[report.nodeid.split("@")[0]]
+    costs["seconds"] += report.duration
+    for key, value in (getattr(report, "svflow_costs", None) or {}).items():
+        costs[key] += value
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     folder = os.environ.get("SVFLOW_TEST_ARTIFACTS")
-    if not folder or hasattr(session.config, "workerinput") or not _seconds:
+    if not folder or hasattr(session.config, "workerinput") or not _costs:
         return
-    by_file: dict[str, float] = defaultdict(float)
-    for nodeid, seconds in _seconds.items():
-        by_file[nodeid.split("::")[0]] += seconds
-    lines = ["seconds\ttest"]
-    lines += [f"{s:.2f}\t{n}" for n, s in sorted(_seconds.items(), key=lambda kv: -kv[1])]
-    lines += ["", "seconds\tfile"]
-    lines += [f"{s:.2f}\t{n}" for n, s in sorted(by_file.items(), key=lambda kv: -kv[1])]
-    lines += ["", f"{sum(_seconds.values()):.2f}\ttotal"]
+    by_file: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COSTS, 0.0))
+    for nodeid, costs in _costs.items():
+        for key, value in costs.items():
+            by_file[nodeid.split("::")[0]][key] += value
+    total = {key: sum(costs[key] for costs in _costs.values()) for key in COSTS}
+
+    def table(rows: dict[str, dict[str, float]], what: str) -> list[str]:
+        ordered = sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])
+        return ["\t".join([*COSTS, what])] + [
+            "\t".join([*(f"{costs[key]:.2f}" for key in COSTS), name]) for name, costs in ordered]
+
+    lines = [*table(_costs, "test"), "", *table(by_file, "file"), "", *table({"total": total}, "")]
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / "durations.tsv").write_text("\n".join(lines) + "\n")
