@@ -5,7 +5,7 @@ Run::
     python experiments/layer_designs.py [--part baseline|depth|designs|ngpt|recipe]
         [--out results/layer_designs] [--quick] [--seeds 3] [--arms ARM ...]
 
-``--part baseline`` (about 45 minutes on 2 CPU cores) tunes and trains the baseline that
+``--part baseline`` (33 minutes on 2 CPU cores, measured) tunes and trains the baseline that
 ``svflow train`` runs by default (:mod:`svflow_jax.training.recipes`): a short learning-rate
 sweep (each rate of ``LR_GRID`` for a fifth of the recipe's steps, on its own warm-up + cosine
 schedule), the full recipe at the recipe's rate (the report says whether the sweep agrees), and
