@@ -165,8 +165,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Trims the suite's compilation cache (:func:`prune_cache`), once per run: in the
-    controller, before any worker starts."""
+    """Trims the suite's compilation cache (:func:`svflow_jax.verify.prune_cache`), once per
+    run: in the controller, before any worker starts."""
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if (folder and folder == _cache and not hasattr(session.config, "workerinput")
             and Path(folder).is_dir()):

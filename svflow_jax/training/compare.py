@@ -158,20 +158,25 @@ def step_lengths(model: SolverLM, task, eval_sequences: int,
     if c.norm_position != "post":
         raise ValueError("step_lengths measures stacks on the sphere (norm_position='post'); "
                          f"this one is {c.norm_position!r}")
-    terms = model.terms()
     solver = c.layer_design.solver_for(c.norm_position)
     h = c.duration / c.num_steps
-    thetas: list[list[np.ndarray]] = [[] for _ in range(c.num_steps)]
-    for inputs, _, _ in task.eval_batches(eval_sequences, batch_size):
-        y = model.initial_state(jnp.asarray(inputs))
+    graphdef, state = nnx.split(model)
+
+    @jax.jit  # one program for every batch: the blocks' step lengths, (blocks, batch, n)
+    def lengths(state, inputs):
+        lm = nnx.merge(graphdef, state)
+        terms, y, out = lm.terms(), lm.initial_state(inputs), []
         for k in range(c.num_steps):
             t = k * h
             v = terms.vf(t, y, None)
             v = sum(v) if isinstance(v, tuple) else v  # a splitting: one field per term
-            thetas[k].append(np.asarray(h * jnp.linalg.norm(sphere.project_tangent(y, v),
-                                                            axis=-1)).ravel())
+            out.append(h * jnp.linalg.norm(sphere.project_tangent(y, v), axis=-1))
             y = integrate(solver, terms, y, t, t + h, 1, remat=False)
-    per_block = [np.concatenate(theta) for theta in thetas]
+        return jnp.stack(out)
+
+    batches = [np.asarray(lengths(state, jnp.asarray(inputs))).reshape(c.num_steps, -1)
+               for inputs, _, _ in task.eval_batches(eval_sequences, batch_size)]
+    per_block = list(np.concatenate(batches, axis=1))
     return {"median": [float(np.median(t)) for t in per_block],
             "p99": [float(np.quantile(t, 0.99)) for t in per_block],
             "max": [float(t.max()) for t in per_block],
