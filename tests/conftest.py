@@ -59,7 +59,9 @@ CACHE_OPTIONS = (("jax_compilation_cache_dir", "JAX_COMPILATION_CACHE_DIR", str)
                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", float),
                  ("jax_persistent_cache_min_entry_size_bytes",
                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", int),
-                 ("jax_compilation_cache_max_size", "JAX_COMPILATION_CACHE_MAX_SIZE", int))
+                 ("jax_compilation_cache_max_size", "JAX_COMPILATION_CACHE_MAX_SIZE", int),
+                 ("jax_enable_compilation_cache", "JAX_ENABLE_COMPILATION_CACHE",
+                  lambda v: v.lower() in ("1", "true", "yes", "on")))
 
 _cache = os.environ.get("SVFLOW_TEST_JAX_CACHE",
                         str(Path.home() / ".cache" / "svflow-jax" / "test-xla"))
@@ -92,7 +94,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 @pytest.fixture(autouse=True)
 def _suite_compilation_cache():
     """Gives the next test the suite's compilation cache back when a command run in-process
-    moved it (``svflow inspect`` without ``--no-compile-cache`` opens the user's own)."""
+    moved it (``--cache-dir``) or turned it off (``--no-compile-cache``)."""
     before = {option: getattr(jax.config, option) for option, _, _ in CACHE_OPTIONS}
     yield
     if any(getattr(jax.config, option) != value for option, value in before.items()):

