@@ -249,7 +249,8 @@ def test_svflow_train_runs_the_recipe_by_default(capsys):
 def test_svflow_train_cli(tmp_path, capsys):
     """``svflow train``: bad options exit with code 2 before anything compiles; a tiny run
     writes its files and resumes (nothing left to do) when run again."""
-    from svflow_jax.cli import main
+    from svflow_jax.cli import build_parser, main
+    from svflow_jax.cli.train import config_from_args
 
     for bad, named in (
             (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
@@ -258,7 +259,9 @@ def test_svflow_train_cli(tmp_path, capsys):
             (["--design", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
             (["--design", "geodesic-euler"], "pre-norm by default: add --norm post"),
             (["--update", "ngpt"], "pre-norm by default: add --norm post"),
-            (["--config", "missing.json"], "--config: no such file missing.json")):
+            (["--config", "missing.json"], "--config: no such file missing.json"),
+            (["--extra-depths", "0"], "argument --extra-depths: must be a positive integer"),
+            (["--extra-depths", "8"], "extra_depths needs weights continuous in depth")):
         with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])
         assert err.value.code == 2, bad
@@ -279,6 +282,12 @@ def test_svflow_train_cli(tmp_path, capsys):
     assert saved["model"]["update"] == "ngpt"
     assert main(argv) == 0  # resumes from the step-3 checkpoint: nothing left to train
     assert json.loads((tmp_path / "run" / "final.json").read_text())["resumed_from"] == 3
+    # --extra-depths reaches the config the run trains and records
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(["train", "--weights", "linear",
+                                                 "--extra-depths", "8", "16"]))
+    assert config.extra_depths == (8, 16) and config.model.weights == "linear"
+    assert config_from_args(parser.parse_args(["train"])).extra_depths == ()
 
 
 def test_a_kill_while_logging_loses_no_metrics(tmp_path, monkeypatch):

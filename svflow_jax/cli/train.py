@@ -77,6 +77,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--d-ff", type=_positive_int, help=f"FFN width (default {m.d_ff})")
     p.add_argument("--context", type=_positive_int, help="bytes per window (austen; "
                    f"default {m.context})")
+    p.add_argument("--extra-depths", type=_positive_int, nargs="+", metavar="N",
+                   help="also take the loss at N blocks (the mean over --num-steps and these), "
+                   "so that the weights, continuous in depth (--weights linear or chebyshev), "
+                   "stay a discretisation of one flow when the stack is refined; each adds "
+                   "its blocks' forward and backward pass to a step")
     p.add_argument("--steps", type=_positive_int, help=f"optimiser steps (default {b.steps})")
     p.add_argument("--batch-size", type=_positive_int,
                    help=f"sequences per step (default {b.batch_size})")
@@ -101,7 +106,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 _MODEL_FIELDS = ("design", "weights", "norm_position", "update", "head_bias", "num_steps",
                  "num_anchors", "duration", "d_model", "n_heads", "d_head", "d_ff", "context")
 _TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
-                 "checkpoint_every")
+                 "checkpoint_every", "extra_depths")
 
 
 def config_from_args(args: argparse.Namespace):
