@@ -25,7 +25,9 @@ equal steps and at equal time (from training steps timed side by side, so runs m
 busy machine), in ``recipe/``: every run takes 18-23 minutes on 2 idle CPU cores (about 18
 hours for the 54 runs of :data:`RECIPE`), so ``--arms`` and ``--seeds`` split it into pieces
 (``--arms "lie-trotter post" --seeds 1``: the recipe and one arm's two rates at seed 0,
-about an hour), and a later call with more seeds or arms reuses every finished run.
+about an hour), and a later call with more seeds or arms reuses every finished run; an arm
+with weights continuous in depth is also run at 1/2 to 8 times its blocks, with Richardson
+ratios (:func:`refinement`, a minute or two per run).
 
 Every design (a solver read as a block, :mod:`svflow_jax.designs`) is trained as a byte-level
 language model on Jane Austen (validation on *Persuasion*, a held-out novel, in bits per
@@ -722,6 +724,23 @@ RECIPE_QUICK = dict(seeds=2, baseline="recipe", arms={
     arm: RECIPE["arms"][arm] for arm in ("recipe", "euler post")})
 
 
+#: an arm whose weights are continuous in depth is also run at these multiples of its trained
+#: blocks (a half only where that leaves a block), and its final states compared at
+#: ``REFINE_MULTIPLES`` (Richardson ratios), on the validation sequences
+REFINE_FACTORS = (0.5, 2.0, 4.0, 8.0)
+REFINE_MULTIPLES = (1, 2, 4, 8)
+
+
+def refinement(model) -> dict:
+    """``run_design``'s depth measurements for a model of the recipe's size (a
+    :class:`~svflow_jax.designs.DesignConfig`): none for per-layer weights (their blocks are
+    not samples of one field), else :data:`REFINE_FACTORS` and :data:`REFINE_MULTIPLES`."""
+    if model.weights == "per_layer":
+        return {"transfer_factors": ()}
+    return {"transfer_factors": tuple(f for f in REFINE_FACTORS if f * model.num_steps >= 1),
+            "richardson_multiples": REFINE_MULTIPLES}
+
+
 def _slug(arm: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", arm.lower()).strip("-")
 
@@ -761,7 +780,8 @@ def run_recipe(out: Path, r: dict, *, quick: bool = False, report_only: bool = F
                 config = dataclasses.replace(base, lr=lr, model=base.model.replace(
                     **spec["model"]))
                 summary = {**run_design(config, config.model.design, config.model.num_steps,
-                                        seed, folder, transfer_factors=(), progress=progress),
+                                        seed, folder, progress=progress,
+                                        **refinement(config.model)),
                            "lr": lr}
                 if seed == 0:
                     sweep[arm][lr] = summary
@@ -853,6 +873,13 @@ def recipe_comparison(runs: dict[str, dict[int, dict]], baseline: str, speed: di
                "parameters": some["parameters"],
                "minutes": first["train_seconds"] / 60 if first else None,
                "tokens_per_s": rate}
+        refined = {k: {"num_steps": s["num_steps"], "val_bpc": s["final"]["val_bpc"],
+                       "transfer": [{key: t[key] for key in ("factor", "num_steps", "bpc")}
+                                    for t in s["transfer"]],
+                       "ratios": (s.get("richardson") or {}).get("ratios")}
+                   for k, s in sorted(seeds.items()) if s.get("transfer")}
+        if refined:
+            row["refinement"] = refined
         rows.append(row)
         if arm == baseline:
             continue
@@ -960,8 +987,41 @@ def _recipe_report(out: Path, results: dict) -> None:
         half_text = "-" if half != half else f"{half:.3f}"
         lines.append(f"| {name} | " + " ".join(f"{d:+.3f}" for d in v["differences"])
                      + f" | {mean:+.3f} | {half_text} | {v['verdict']} |")
+    lines += _refinement_lines(results)
     lines += ["", "![validation curves](curves.png)"]
     write_text(out / "report.md", "\n".join(lines) + "\n")
+
+
+def _refinement_lines(results: dict) -> list[str]:
+    """The table of the arms with weights continuous in depth, run at other numbers of
+    blocks (:func:`refinement`); none when no arm has them."""
+    from svflow_jax.designs import get_design
+
+    arms = [row for row in results["arms"] if row.get("refinement")]
+    if not arms:
+        return []
+    lines = [
+        "", "Refined: each trained model whose weights are continuous in depth run at other "
+        "numbers of blocks (the same weights, a step `h = T / blocks`), validation bits per "
+        "character and the change from the trained depth; the Richardson ratios "
+        "`e_k / e_(k+1)` of the final states at "
+        + ", ".join(f"{m}" for m in REFINE_MULTIPLES) + " times the blocks, "
+        "`e_k = RMS |y(m_k N) - y(m_(k+1) N)|`, approach `2^p` for a discretisation of one "
+        "flow by a method of order `p`.", "",
+        "| arm, seed | trained blocks: bits/char | other blocks: bits/char (change) | "
+        "Richardson ratios (`2^p`) |", "|---|---|---|---|"]
+    for row in arms:
+        settings = results["settings"]
+        order = get_design(settings["arms"][row["arm"]]["model"].get(
+            "design", settings["recipe"]["model"]["design"])).expected_order
+        for seed, r in row["refinement"].items():
+            other = "; ".join(f"{t['num_steps']}: {t['bpc']:.3f} "
+                              f"({100 * (t['bpc'] / r['val_bpc'] - 1):+.1f}%)"
+                              for t in r["transfer"])
+            ratios = ("-" if not r["ratios"] else ", ".join(f"{x:.2f}" for x in r["ratios"]))
+            lines.append(f"| {row['arm']}, {seed} | {r['num_steps']}: {r['val_bpc']:.3f} | "
+                         f"{other} | {ratios} ({2 ** order if order else '-'}) |")
+    return lines
 
 
 def summarise(s, plan, runs, recall, speed, interval, lrs, tuning) -> dict:

@@ -273,6 +273,41 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     assert {x["verdict"] for x in one["verdicts"].values()} == {"unresolved"}
 
 
+def test_recipe_arms_with_weights_continuous_in_depth_are_refined(tmp_path):
+    """An arm whose weights are continuous in depth is run at 1/2 (where that leaves a block),
+    2, 4 and 8 times its blocks, with Richardson ratios at 1, 2, 4 and 8 times; a per-layer
+    arm is not. The report's table gives each seed's values, the change from the trained
+    depth, and the ratio ``2^p`` of the arm's method (RK4: 16)."""
+    script = _script()
+    from svflow_jax.training.recipes import recipe
+
+    base = recipe("austen").resolved().model
+    arms = script.RECIPE["arms"]
+    assert script.refinement(base) == {"transfer_factors": ()}
+    rk4 = base.replace(**arms["rk4 pre"]["model"])
+    euler = base.replace(**arms["euler pre, linear weights"]["model"])
+    assert script.refinement(rk4) == {"transfer_factors": (2.0, 4.0, 8.0),
+                                      "richardson_multiples": (1, 2, 4, 8)}
+    assert script.refinement(euler)["transfer_factors"] == (0.5, 2.0, 4.0, 8.0)
+
+    speed = {"tokens_per_s": {arm: {"train_tokens_per_s": 40.0} for arm in ("recipe", "rk4 pre")}}
+    runs = {"recipe": {0: _summary(0, lambda s: 2.0, 1.0)},
+            "rk4 pre": {0: {**_summary(0, lambda s: 2.0, 1.0), "num_steps": 1,
+                            "transfer": [{"factor": 2.0, "num_steps": 2, "bpc": 3.0,
+                                          "loss": 2.1, "evaluations": 8}],
+                            "richardson": {"ratios": [0.5, 1.25]}}}}
+    results = script.recipe_comparison(runs, "recipe", speed)
+    rows = {r["arm"]: r for r in results["arms"]}
+    assert "refinement" not in rows["recipe"]
+    assert rows["rk4 pre"]["refinement"] == {0: {
+        "num_steps": 1, "val_bpc": 2.0, "ratios": [0.5, 1.25],
+        "transfer": [{"factor": 2.0, "num_steps": 2, "bpc": 3.0}]}}
+    results["settings"] = {"arms": arms, "recipe": recipe("austen").to_json()}
+    lines = script._refinement_lines(results)
+    assert lines[-1] == "| rk4 pre, 0 | 1: 2.000 | 2: 3.000 (+50.0%) | 0.50, 1.25 (16) |"
+    assert script._refinement_lines({**results, "arms": [rows["recipe"]]}) == []
+
+
 def test_recipe_arms_spend_the_recipes_evaluations_with_its_parameters():
     """Equal compute at the recipe's size: every arm of ``RECIPE`` spends the recipe's field
     evaluations per forward pass (counted at run time by ``solvers.evaluations``) with its
