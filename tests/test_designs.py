@@ -65,6 +65,32 @@ def test_euler_designs_equal_the_transformer(design, norm_position, head_bias):
     np.testing.assert_allclose(ours, theirs, atol=1e-5 * scale, rtol=0)
 
 
+def test_embed_norm_is_a_norm_on_the_embeddings():
+    """``embed_norm`` (pre-norm): the stack starts at ``R(e)``, i.e. the Transformer's hidden
+    state starts at ``RMSNorm(e) = rho R(e)``. Checked against the model without the option,
+    bridged to a ``TransformerLM`` whose stack and head run on the embeddings normalised by
+    hand (NumPy); the two models differ, and the option is refused where it has no meaning or
+    no Transformer."""
+    pre = SMALL.replace(norm_position="pre")
+    ours = SolverLM(pre.replace(embed_norm=True), rngs=nnx.Rngs(1))
+    lm = SolverLM(pre, rngs=nnx.Rngs(1)).to_transformer()  # the same weights
+    e = np.asarray(lm.embeddings(TOKENS), np.float64)
+    x0 = e / np.sqrt(np.mean(e ** 2, axis=-1, keepdims=True))
+    y0 = np.asarray(ours.initial_state(TOKENS))
+    np.testing.assert_allclose(np.linalg.norm(y0, axis=-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(y0 * pre.radius, x0, rtol=1e-5, atol=1e-5)
+    theirs = lm.logits(lm.transformer(jnp.asarray(x0, jnp.float32)))
+    logits = nnx.jit(lambda m, t: m(t))(ours, TOKENS)
+    scale = float(jnp.max(jnp.abs(theirs)))
+    np.testing.assert_allclose(logits, theirs, atol=1e-5 * scale, rtol=0)
+    plain = nnx.jit(lambda m, t: m(t))(lm, TOKENS)
+    assert float(jnp.max(jnp.abs(plain - theirs))) > 1e-2 * scale  # the option matters
+    with pytest.raises(ValueError, match="embed_norm is a pre-norm option"):
+        SMALL.replace(embed_norm=True)
+    with pytest.raises(ValueError, match="embed_norm .* has no TransformerLM equivalent"):
+        ours.to_transformer()
+
+
 def test_user_tableau_equals_diffrax_heun():
     """A tableau written by a user (Heun's) builds the same stack as diffrax's Heun."""
     heun = diffrax.ButcherTableau(c=np.array([1.0]), b_sol=np.array([0.5, 0.5]),

@@ -261,7 +261,8 @@ def test_svflow_train_cli(tmp_path, capsys):
             (["--update", "ngpt"], "pre-norm by default: add --norm post"),
             (["--config", "missing.json"], "--config: no such file missing.json"),
             (["--extra-depths", "0"], "argument --extra-depths: must be a positive integer"),
-            (["--extra-depths", "8"], "extra_depths needs weights continuous in depth")):
+            (["--extra-depths", "8"], "extra_depths needs weights continuous in depth"),
+            (["--embed-norm", "--norm", "post"], "embed_norm is a pre-norm option")):
         with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])
         assert err.value.code == 2, bad
@@ -287,6 +288,8 @@ def test_svflow_train_cli(tmp_path, capsys):
     config = config_from_args(parser.parse_args(["train", "--weights", "linear",
                                                  "--extra-depths", "8", "16"]))
     assert config.extra_depths == (8, 16) and config.model.weights == "linear"
+    assert config.model.embed_norm is False
+    assert config_from_args(parser.parse_args(["train", "--embed-norm"])).model.embed_norm
     assert config_from_args(parser.parse_args(["train"])).extra_depths == ()
 
 

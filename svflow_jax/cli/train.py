@@ -64,6 +64,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--head-bias", action="store_true", default=None,
                    help="a bias on the logits, started at the log frequencies of the training "
                    "tokens (keeps a post-norm stack from collapsing to the unigram model)")
+    p.add_argument("--embed-norm", action="store_true", default=None,
+                   help="pre-norm: a Norm on the embeddings, so that every token's state starts "
+                   "at unit length (the first block's step is measured against 1)")
     p.add_argument("--num-steps", type=_positive_int,
                    help=f"blocks of the stack (default {m.num_steps})")
     p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
@@ -103,8 +106,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-_MODEL_FIELDS = ("design", "weights", "norm_position", "update", "head_bias", "num_steps",
-                 "num_anchors", "duration", "d_model", "n_heads", "d_head", "d_ff", "context")
+_MODEL_FIELDS = ("design", "weights", "norm_position", "update", "head_bias", "embed_norm",
+                 "num_steps", "num_anchors", "duration", "d_model", "n_heads", "d_head", "d_ff",
+                 "context")
 _TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
                  "checkpoint_every", "extra_depths")
 

@@ -24,7 +24,11 @@ natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y)
   embedding; the field is projected (``P_y u``) and the solver stays on the sphere (its
   retraction is the Norm); logits ``= rho y_T W_U [+ b]``.
 * pre-norm: ``y0 = e / rho`` in ``R^d``; ``dy/dt = u_t(y / |y|)`` solved by the design's ambient
-  method; logits ``= rho R(y_T) W_U [+ b]`` (the final Norm).
+  method; logits ``= rho R(y_T) W_U [+ b]`` (the final Norm). With ``embed_norm``
+  ``y0 = R(e)`` (a Norm on the embeddings, ``x0 = rho R(e)``): every token's state starts at
+  unit length, so a first step ``h |u|`` is measured against 1, not against ``|e| / rho``
+  (which weight decay keeps small). The field reads ``y / |y|`` either way, so the first
+  block's branches are the same; what changes is the weight of the embedding in the sum.
 
 * ``update="ngpt"`` (on the sphere): the normalised step of nGPT (Loshchilov et al., 2024,
   "nGPT: Normalized Transformer with Representation Learning on the Hypersphere"). Each branch
@@ -103,6 +107,8 @@ class DesignConfig:
             (nGPT's normalised step with learned rates; post-norm only; module docstring).
         init_std: std of the normal initialiser of every weight matrix.
         head_bias: the head adds a bias ``unembed_bias (V,)`` to the logits (module docstring).
+        embed_norm: the initial state is the normalised embedding ``R(e)`` instead of
+            ``e / rho`` (module docstring; pre-norm only: post-norm starts there anyway).
         remat: rematerialise every block in the backward pass.
     """
 
@@ -121,6 +127,7 @@ class DesignConfig:
     update: Update = "residual"
     init_std: float = 0.02
     head_bias: bool = False
+    embed_norm: bool = False
     remat: bool = True
 
     def __post_init__(self):
@@ -142,6 +149,9 @@ class DesignConfig:
         get_design(self.design).solver_for(self.norm_position)  # unknown design / no pre-norm
         if self.update not in ("residual", "ngpt"):
             raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
+        if self.embed_norm and self.norm_position != "pre":
+            raise ValueError("embed_norm is a pre-norm option: a post-norm state starts "
+                             "normalised already")
         if self.update == "ngpt" and self.norm_position != "post":
             raise ValueError("update='ngpt' (nGPT's normalised step) lives on the sphere: it "
                              "needs norm_position='post'")
@@ -263,7 +273,8 @@ class SolverLM(nnx.Module):
 
     def initial_state(self, tokens: Int[Array, "... n"]) -> Float[Array, "... n d"]:
         e = self.embeddings(tokens)
-        return sphere.retract(e) if self.config.norm_position == "post" else e / self.config.radius
+        c = self.config
+        return sphere.retract(e) if c.norm_position == "post" or c.embed_norm else e / c.radius
 
     def head(self, y: Float[Array, "... n d"]) -> Float[Array, "... n V"]:
         """Logits from the final state (pre-norm: after the final Norm)."""
@@ -300,6 +311,9 @@ class SolverLM(nnx.Module):
         if c.update != "residual":
             raise ValueError("a SolverLM with nGPT's normalised step (update='ngpt') has no "
                              "TransformerLM equivalent")
+        if c.embed_norm:
+            raise ValueError("a pre-norm SolverLM with embed_norm (a Norm on the embeddings) "
+                             "has no TransformerLM equivalent")
         post = c.norm_position == "post"
         block = c.layer_design.block
         return TransformerConfig(
