@@ -1005,13 +1005,13 @@ def _refinement_lines(results: dict) -> list[str]:
         "numbers of blocks (the same weights, a step `h = T / blocks`), validation bits per "
         "character and the change from the trained depth; the Richardson ratios "
         "`e_k / e_(k+1)` of the final states at "
-        + ", ".join(f"{m}" for m in REFINE_MULTIPLES) + " times the blocks, "
+        + ", ".join(map(str, REFINE_MULTIPLES)) + " times the blocks, "
         "`e_k = RMS |y(m_k N) - y(m_(k+1) N)|`, approach `2^p` for a discretisation of one "
         "flow by a method of order `p`.", "",
         "| arm, seed | trained blocks: bits/char | other blocks: bits/char (change) | "
         "Richardson ratios (`2^p`) |", "|---|---|---|---|"]
+    settings = results["settings"]
     for row in arms:
-        settings = results["settings"]
         order = get_design(settings["arms"][row["arm"]]["model"].get(
             "design", settings["recipe"]["model"]["design"])).expected_order
         for seed, r in row["refinement"].items():

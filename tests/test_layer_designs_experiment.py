@@ -273,7 +273,7 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     assert {x["verdict"] for x in one["verdicts"].values()} == {"unresolved"}
 
 
-def test_recipe_arms_with_weights_continuous_in_depth_are_refined(tmp_path):
+def test_recipe_arms_with_weights_continuous_in_depth_are_refined():
     """An arm whose weights are continuous in depth is run at 1/2 (where that leaves a block),
     2, 4 and 8 times its blocks, with Richardson ratios at 1, 2, 4 and 8 times; a per-layer
     arm is not. The report's table gives each seed's values, the change from the trained
