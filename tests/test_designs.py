@@ -407,3 +407,41 @@ def test_training_at_several_depths_takes_the_mean_loss():
         TrainConfig(model=SMALL, extra_depths=(6,))
     with pytest.raises(ValueError, match="positive ints"):
         TrainConfig(model=model, extra_depths=(0,))
+
+
+def test_training_at_a_random_depth_takes_the_drawn_depths_loss():
+    """``random_depths``: a step's loss is the NLL at the one depth drawn for it (here the
+    first step's, before any update, computed from the logits at each depth, for a seed that
+    draws each extra depth); the draws are uniform over the depths (a chi-square test over
+    3000 steps) and a function of the seed and the step; the setting is refused with
+    per-layer weights and together with ``extra_depths``."""
+    from scipy import stats
+
+    from svflow_jax.training import TrainConfig, train
+    from svflow_jax.training.tasks import AustenBytes
+    from svflow_jax.training.trainer import draw_depth
+
+    draws = [draw_depth(7, step, 3) for step in range(3000)]
+    assert stats.chisquare(np.bincount(draws, minlength=3)).pvalue > 1e-4
+    assert draws == [draw_depth(7, step, 3) for step in range(3000)]
+    assert draws != [draw_depth(8, step, 3) for step in range(3000)]
+    model = SMALL.replace(weights="chebyshev", context=8, init_std=0.1)
+    for drawn in (1, 2):  # depth 6, depth 12
+        seed = next(s for s in range(100) if draw_depth(s, 0, 3) == drawn)
+        config = TrainConfig(model=model, steps=1, batch_size=2, lr=1e-3, warmup=0,
+                             eval_every=0, log_every=1, seed=seed, random_depths=(6, 12))
+        result = train(config, None, progress=False)
+        first = SolverLM(result.config.model, rngs=nnx.Rngs(seed))  # the initial weights
+        inputs, targets, _ = AustenBytes(context=8).batch(seed, 0, 2)
+        nll = []
+        for n in (3, 6, 12):
+            logp = jax.nn.log_softmax(np.asarray(first(jnp.asarray(inputs), num_steps=n),
+                                                 np.float64), axis=-1)
+            nll.append(-np.mean(np.take_along_axis(np.asarray(logp), targets[..., None], -1)))
+        assert len({round(v, 4) for v in nll}) == 3  # the depths differ
+        assert result.history[0]["loss"] == pytest.approx(nll[drawn], rel=1e-5)
+        assert TrainConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    with pytest.raises(ValueError, match="random_depths needs weights continuous in depth"):
+        TrainConfig(model=SMALL, random_depths=(6,))
+    with pytest.raises(ValueError, match="not both"):
+        TrainConfig(model=model, extra_depths=(6,), random_depths=(12,))

@@ -262,6 +262,7 @@ def test_svflow_train_cli(tmp_path, capsys):
             (["--config", "missing.json"], "--config: no such file missing.json"),
             (["--extra-depths", "0"], "argument --extra-depths: must be a positive integer"),
             (["--extra-depths", "8"], "extra_depths needs weights continuous in depth"),
+            (["--random-depths", "8"], "random_depths needs weights continuous in depth"),
             (["--embed-norm", "--norm", "post"], "embed_norm is a pre-norm option")):
         with pytest.raises(SystemExit, match="^2$") as err:  # SystemExit's text is its code
             main(["train", *bad])
@@ -291,6 +292,9 @@ def test_svflow_train_cli(tmp_path, capsys):
     assert config.model.embed_norm is False
     assert config_from_args(parser.parse_args(["train", "--embed-norm"])).model.embed_norm
     assert config_from_args(parser.parse_args(["train"])).extra_depths == ()
+    config = config_from_args(parser.parse_args(["train", "--weights", "linear",
+                                                 "--random-depths", "8", "16"]))
+    assert config.random_depths == (8, 16) and config.extra_depths == ()
 
 
 def test_a_kill_while_logging_loses_no_metrics(tmp_path, monkeypatch):

@@ -85,6 +85,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "so that the weights, continuous in depth (--weights linear or chebyshev), "
                    "stay a discretisation of one flow when the stack is refined; each adds "
                    "its blocks' forward and backward pass to a step")
+    p.add_argument("--random-depths", type=_positive_int, nargs="+", metavar="N",
+                   help="each step takes the loss at one block count drawn from --num-steps "
+                   "and these (uniformly, seeded): the expected loss of --extra-depths at one "
+                   "depth's cost per step on average")
     p.add_argument("--steps", type=_positive_int, help=f"optimiser steps (default {b.steps})")
     p.add_argument("--batch-size", type=_positive_int,
                    help=f"sequences per step (default {b.batch_size})")
@@ -110,7 +114,7 @@ _MODEL_FIELDS = ("design", "weights", "norm_position", "update", "head_bias", "e
                  "num_steps", "num_anchors", "duration", "d_model", "n_heads", "d_head", "d_ff",
                  "context")
 _TRAIN_FIELDS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "eval_every",
-                 "checkpoint_every", "extra_depths")
+                 "checkpoint_every", "extra_depths", "random_depths")
 
 
 def config_from_args(args: argparse.Namespace):

@@ -47,7 +47,7 @@ from .loop import AdamW, StepInfo, fit, optimizer
 from .tasks import get_task
 
 __all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count",
-           "lm_loss", "depths_loss", "design_source"]
+           "lm_loss", "depths_loss", "random_depth_loss", "draw_depth", "design_source"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,11 @@ class TrainConfig:
             mean over the model's ``num_steps`` and these (:func:`depths_loss`), so the same
             weights must work at every one of them, as a discretisation of one flow does
             (continuous-in-depth weights). Each costs a forward and backward pass.
+        random_depths: block counts of which each step draws one (uniformly, with the
+            model's ``num_steps``; the draw a function of ``seed`` and the step) and takes
+            the loss at it alone (:func:`random_depth_loss`): the expected loss is
+            ``depths_loss``'s, at the cost of one depth per step on average. Not with
+            ``extra_depths``.
     """
 
     model: DesignConfig = DesignConfig()
@@ -92,16 +97,21 @@ class TrainConfig:
     checkpoint_every: int = 0
     schedule_steps: int | None = None
     extra_depths: tuple[int, ...] = ()
+    random_depths: tuple[int, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "extra_depths", tuple(self.extra_depths))  # from JSON lists
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                   for n in self.extra_depths):
-            raise ValueError(f"TrainConfig.extra_depths must be positive ints, got "
-                             f"{self.extra_depths!r}")
-        if self.extra_depths and self.model.weights == "per_layer":
-            raise ValueError("extra_depths needs weights continuous in depth ('linear' or "
-                             "'chebyshev'): per-layer weights change with the block count")
+        for name in ("extra_depths", "random_depths"):
+            depths = tuple(getattr(self, name))  # from JSON lists
+            object.__setattr__(self, name, depths)
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                       for n in depths):
+                raise ValueError(f"TrainConfig.{name} must be positive ints, got {depths!r}")
+            if depths and self.model.weights == "per_layer":
+                raise ValueError(f"{name} needs weights continuous in depth ('linear' or "
+                                 "'chebyshev'): per-layer weights change with the block count")
+        if self.extra_depths and self.random_depths:
+            raise ValueError("TrainConfig: extra_depths (every depth each step) or "
+                             "random_depths (one drawn per step), not both")
         for name in ("steps", "batch_size", "eval_sequences", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -181,6 +191,24 @@ def depths_loss(model: SolverLM, inputs, targets, weights, *, depths: tuple[int 
     losses = [weighted_mean(next_token_nll(model(inputs, num_steps=n), targets), weights)
               for n in depths]
     return jnp.mean(jnp.stack(losses)), None
+
+
+def draw_depth(seed: int, step: int, count: int) -> int:
+    """The index (in ``range(count)``) of the depth that step ``step`` of a run with
+    ``random_depths`` trains: uniform, a function of the seed and the step alone, so a resumed
+    run draws what the uninterrupted one did."""
+    return int(np.random.default_rng((seed, step, 0x5D)).integers(count))
+
+
+def random_depth_loss(model: SolverLM, inputs, targets, weights, choice, *,
+                      depths: tuple[int | None, ...]) -> tuple[jax.Array, None]:
+    """:func:`lm_loss` with the stack run at ``depths[choice[0]]`` blocks (``None``: the
+    trained depth). ``choice`` is an int array along the batch (one value repeated, so that
+    it is sharded as the batch is); ``lax.switch`` runs only the drawn depth's branch."""
+    def at(n):
+        return lambda: weighted_mean(next_token_nll(model(inputs, num_steps=n), targets),
+                                     weights)
+    return jax.lax.switch(choice[0], [at(n) for n in depths]), None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
@@ -307,10 +335,22 @@ def train(
     model = SolverLM(config.model, rngs=nnx.Rngs(config.seed))
     if model.unembed_bias is not None:  # the head starts as the unigram model
         model.unembed_bias[...] = jnp.asarray(task.log_prior())
+    depths = (None, *config.extra_depths, *config.random_depths)
+
+    def batch(step: int) -> tuple[Any, ...]:
+        arrays = task.batch(config.seed, step, config.batch_size)
+        if not config.random_depths:
+            return arrays
+        choice = draw_depth(config.seed, step, len(depths))
+        return (*arrays, np.full((config.batch_size,), choice, np.int32))
+
+    loss_fn = lm_loss
+    if config.extra_depths:
+        loss_fn = functools.partial(depths_loss, depths=depths)
+    if config.random_depths:
+        loss_fn = functools.partial(random_depth_loss, depths=depths)
     result = fit(
-        model, (functools.partial(depths_loss, depths=(None, *config.extra_depths))
-                if config.extra_depths else lm_loss), make_optimizer(config),
-        lambda step: task.batch(config.seed, step, config.batch_size), config.steps, log=log,
+        model, loss_fn, make_optimizer(config), batch, config.steps, log=log,
         out=out, checkpoint_every=config.checkpoint_every, stop_after=stop_after,
         devices=devices, fingerprint={"design_source": design_source(config.model.design)},
         on_mismatch=on_mismatch, progress=progress,
