@@ -175,6 +175,42 @@ def test_continuous_weights_converge_in_depth():
     assert d2 < d1 / 6, (d1, d2)
 
 
+def test_adaptive_depth_of_a_pre_norm_stack_approaches_a_tight_solve():
+    """Adaptive depth on a pre-norm stack (the embedded pair in R^d; here Heun's with its Euler
+    estimate, run on a model whose own design, Euler, has no estimate): at a tight tolerance
+    each sequence's loss is that of 2048 fixed Heun steps of the same field (an independent
+    solve through ``integrate``); a looser tolerance spends fewer evaluations and moves the
+    loss; without ``method`` the Euler model is refused, and so is a splitting's pair."""
+    import diffrax
+
+    from svflow_jax.designs import adaptive_evaluate
+    from svflow_jax.designs.design import integrate
+    from svflow_jax.next_token import next_token_nll
+    from svflow_jax.solvers import WithinStep
+
+    config = SMALL.replace(weights="chebyshev", norm_position="pre", init_std=0.3)
+    model = SolverLM(config, rngs=nnx.Rngs(2))
+    tokens = np.asarray(TOKENS)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    weights = np.ones(targets.shape, np.float32)
+    y = integrate(WithinStep(diffrax.Heun()), model.terms(),
+                  model.initial_state(jnp.asarray(inputs)), 0.0, config.duration, 2048)
+    tight = np.mean(np.asarray(next_token_nll(model.head(y), jnp.asarray(targets))), axis=-1)
+    coarse = np.mean(np.asarray(next_token_nll(model(jnp.asarray(inputs), num_steps=1),
+                                               jnp.asarray(targets))), axis=-1)
+    assert np.max(np.abs(coarse - tight)) > 1e-3  # the depth matters on this field
+    fine = adaptive_evaluate(model, inputs, targets, weights, rtol=1e-4, method="heun")
+    loose = adaptive_evaluate(model, inputs, targets, weights, rtol=1e-1, method="heun")
+    assert fine.ok.all() and loose.ok.all()
+    np.testing.assert_allclose(fine.loss, tight, rtol=0, atol=1e-4)  # 3e-5 measured
+    assert np.all(loose.evaluations < fine.evaluations)
+    assert np.max(np.abs(loose.loss - tight)) > np.max(np.abs(fine.loss - tight))
+    with pytest.raises(ValueError, match="no embedded error estimate"):
+        adaptive_evaluate(model, inputs, targets, weights, rtol=1e-3)
+    with pytest.raises(ValueError, match="a splitting"):
+        adaptive_evaluate(model, inputs, targets, weights, rtol=1e-3, method="strang")
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="unknown design"):
         DesignConfig(design="nope")

@@ -10,6 +10,11 @@ Each sequence of the batch gets its own solve (``vmap``), hence its own number o
 field evaluations it used are ``e_0 + e_step * (accepted + rejected steps)``, with ``e_0`` and
 ``e_step`` counted at run time on a small field (:func:`step_costs`).
 
+A post-norm stack is solved on the sphere (the pair retracted), a pre-norm one in ``R^d`` (the
+same pair without the retraction, on the field ``u_t(y / |y|)``). A design without an estimate
+(Euler) is run by another design's pair on the same field (``method``): a model that is a
+discretisation of its flow has one limit, which every convergent method approaches.
+
 A solve that runs out of ``max_steps`` is reported (``ok = False``), never silently used.
 """
 
@@ -24,7 +29,8 @@ import numpy as np
 from flax import nnx
 
 from ..next_token import next_token_nll
-from .design import LayerDesign, evaluations
+from ..solvers import WithinStep
+from .design import LayerDesign, evaluations, get_design
 from .model import SolverLM
 
 __all__ = ["AdaptiveResult", "adaptive_evaluate", "step_costs"]
@@ -55,18 +61,25 @@ class AdaptiveResult:
 
 def adaptive_evaluate(
     model: SolverLM, inputs, targets, weights, *, rtol: float, atol: float | None = None,
-    max_steps: int = 256, batch_size: int = 16,
+    max_steps: int = 256, batch_size: int = 16, method: str | LayerDesign | None = None,
 ) -> AdaptiveResult:
     """Runs ``model`` on each sequence with the PID controller at tolerance ``rtol``
-    (``atol`` defaults to ``rtol``; states are unit vectors) and scores it."""
+    (``atol`` defaults to ``rtol``; post-norm states are unit vectors) and scores it.
+    ``method``: the design whose embedded pair runs the solve (default: the model's own),
+    for example ``"heun"`` (Heun with its Euler estimate) for a model trained as Euler."""
     config = model.config
-    design = config.layer_design
-    if config.norm_position != "post":
-        raise ValueError("adaptive depth is implemented for post-norm (on the sphere) stacks")
+    design = config.layer_design if method is None else get_design(method)
     if config.weights == "per_layer":
         raise ValueError("adaptive depth needs continuous-in-depth weights (linear or "
                          "chebyshev): per-layer weights jump at the layer boundaries")
+    if design.is_splitting != config.layer_design.is_splitting:
+        raise ValueError(f"method {design.name!r} and the model's design "
+                         f"{config.layer_design.name!r} do not integrate the same terms (one is "
+                         "a splitting)")
     e0, e_step = step_costs(design)
+    solver = design.adaptive
+    if config.norm_position == "pre" and isinstance(solver, WithinStep):
+        solver = WithinStep(solver.solver)  # the same pair in R^d: no retraction
     atol = rtol if atol is None else atol
     graphdef, state = nnx.split(model)
     T = float(config.duration)
@@ -80,7 +93,7 @@ def adaptive_evaluate(
             y0 = m.initial_state(tok)
             dtype = y0.dtype
             sol = diffrax.diffeqsolve(
-                terms, design.adaptive, jnp.asarray(0.0, dtype), jnp.asarray(T, dtype),
+                terms, solver, jnp.asarray(0.0, dtype), jnp.asarray(T, dtype),
                 jnp.asarray(T / config.num_steps, dtype), y0,
                 stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
                 saveat=diffrax.SaveAt(t1=True), max_steps=max_steps, throw=False,

@@ -206,16 +206,17 @@ def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences
 
 
 def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,
-                   max_steps: int = 256) -> list[dict[str, Any]]:
+                   max_steps: int = 256, method: str | None = None) -> list[dict[str, Any]]:
     """Adaptive depth at each tolerance: per-sequence evaluations and losses (lists), their
-    means, and whether every solve finished."""
+    means, and whether every solve finished (``method``: see :func:`adaptive_evaluate`)."""
     from svflow_jax.designs.adaptive import adaptive_evaluate
 
     batches = task.eval_batches(eval_sequences, eval_sequences)
     inputs, targets, weights = (np.concatenate([b[i] for b in batches]) for i in range(3))
     rows = []
     for rtol in rtols:
-        res = adaptive_evaluate(model, inputs, targets, weights, rtol=rtol, max_steps=max_steps)
+        res = adaptive_evaluate(model, inputs, targets, weights, rtol=rtol, max_steps=max_steps,
+                                method=method)
         rows.append({"rtol": rtol, "loss": float(res.loss.mean()),
                      "evaluations": float(res.evaluations.mean()),
                      "all_finished": bool(res.ok.all()),
