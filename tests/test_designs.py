@@ -418,24 +418,33 @@ def test_richardson_ratios_of_a_smooth_flow_are_two_to_the_order(design, order, 
         assert r["ratios"][-1] == pytest.approx(2.0 ** order, rel=0.15), (norm, r["ratios"])
 
 
+def _first_step_nll(model, seed: int, depths) -> list[float]:
+    """The mean next-token NLL of the first training batch (2 sequences of 8 bytes) under the
+    initial weights of ``seed``, at each of ``depths`` blocks, computed from the logits in
+    float64."""
+    from svflow_jax.training.tasks import AustenBytes
+
+    first = SolverLM(model, rngs=nnx.Rngs(seed))  # the initial weights
+    inputs, targets, _ = AustenBytes(context=8).batch(seed, 0, 2)
+    nll = []
+    for n in depths:
+        logp = jax.nn.log_softmax(np.asarray(first(jnp.asarray(inputs), num_steps=n),
+                                             np.float64), axis=-1)
+        nll.append(-np.mean(np.take_along_axis(np.asarray(logp), targets[..., None], -1)))
+    return nll
+
+
 def test_training_at_several_depths_takes_the_mean_loss():
     """``extra_depths``: the first logged loss (before any update) is the mean of the
     model's next-token NLL at its own depth and at the extra ones, each computed here from the
     logits; per-layer weights are refused; the setting survives config.json."""
     from svflow_jax.training import TrainConfig, train
-    from svflow_jax.training.tasks import AustenBytes
 
     model = SMALL.replace(weights="chebyshev", context=8, init_std=0.1)
     config = TrainConfig(model=model, steps=1, batch_size=2, lr=1e-3, warmup=0, eval_every=0,
                          log_every=1, extra_depths=(6, 12))
     result = train(config, None, progress=False)
-    first = SolverLM(result.config.model, rngs=nnx.Rngs(config.seed))  # the initial weights
-    inputs, targets, _ = AustenBytes(context=8).batch(config.seed, 0, 2)
-    nll = []
-    for n in (3, 6, 12):
-        logp = jax.nn.log_softmax(np.asarray(first(jnp.asarray(inputs), num_steps=n),
-                                             np.float64), axis=-1)
-        nll.append(-np.mean(np.take_along_axis(np.asarray(logp), targets[..., None], -1)))
+    nll = _first_step_nll(result.config.model, config.seed, (3, 6, 12))
     assert len({round(v, 4) for v in nll}) == 3  # the depths differ: the mean means something
     assert result.history[0]["loss"] == pytest.approx(np.mean(nll), rel=1e-5)
     assert TrainConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
@@ -454,7 +463,6 @@ def test_training_at_a_random_depth_takes_the_drawn_depths_loss():
     from scipy import stats
 
     from svflow_jax.training import TrainConfig, train
-    from svflow_jax.training.tasks import AustenBytes
     from svflow_jax.training.trainer import draw_depth
 
     draws = [draw_depth(7, step, 3) for step in range(3000)]
@@ -467,13 +475,7 @@ def test_training_at_a_random_depth_takes_the_drawn_depths_loss():
         config = TrainConfig(model=model, steps=1, batch_size=2, lr=1e-3, warmup=0,
                              eval_every=0, log_every=1, seed=seed, random_depths=(6, 12))
         result = train(config, None, progress=False)
-        first = SolverLM(result.config.model, rngs=nnx.Rngs(seed))  # the initial weights
-        inputs, targets, _ = AustenBytes(context=8).batch(seed, 0, 2)
-        nll = []
-        for n in (3, 6, 12):
-            logp = jax.nn.log_softmax(np.asarray(first(jnp.asarray(inputs), num_steps=n),
-                                                 np.float64), axis=-1)
-            nll.append(-np.mean(np.take_along_axis(np.asarray(logp), targets[..., None], -1)))
+        nll = _first_step_nll(result.config.model, seed, (3, 6, 12))
         assert len({round(v, 4) for v in nll}) == 3  # the depths differ
         assert result.history[0]["loss"] == pytest.approx(nll[drawn], rel=1e-5)
         assert TrainConfig.from_json(json.loads(json.dumps(config.to_json()))) == config

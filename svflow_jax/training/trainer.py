@@ -188,9 +188,13 @@ def depths_loss(model: SolverLM, inputs, targets, weights, *, depths: tuple[int 
                 ) -> tuple[jax.Array, None]:
     """The mean over ``depths`` (block counts; ``None``: the trained one) of :func:`lm_loss`
     with the stack run at that depth."""
-    losses = [weighted_mean(next_token_nll(model(inputs, num_steps=n), targets), weights)
-              for n in depths]
+    losses = [_loss_at(model, inputs, targets, weights, n) for n in depths]
     return jnp.mean(jnp.stack(losses)), None
+
+
+def _loss_at(model: SolverLM, inputs, targets, weights, num_steps: int | None) -> jax.Array:
+    """:func:`lm_loss`'s value with the stack run at ``num_steps`` blocks."""
+    return weighted_mean(next_token_nll(model(inputs, num_steps=num_steps), targets), weights)
 
 
 def draw_depth(seed: int, step: int, count: int) -> int:
@@ -205,10 +209,8 @@ def random_depth_loss(model: SolverLM, inputs, targets, weights, choice, *,
     """:func:`lm_loss` with the stack run at ``depths[choice[0]]`` blocks (``None``: the
     trained depth). ``choice`` is an int array along the batch (one value repeated, so that
     it is sharded as the batch is); ``lax.switch`` runs only the drawn depth's branch."""
-    def at(n):
-        return lambda: weighted_mean(next_token_nll(model(inputs, num_steps=n), targets),
-                                     weights)
-    return jax.lax.switch(choice[0], [at(n) for n in depths]), None
+    branches = [functools.partial(_loss_at, model, inputs, targets, weights, n) for n in depths]
+    return jax.lax.switch(choice[0], branches), None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
