@@ -164,6 +164,15 @@ def test_evaluations_are_counted():
         assert evaluations(DESIGNS[name], 4) == 4 * per_step, name
 
 
+@pytest.fixture
+def float32_matmuls():
+    """Float32 matrix multiplies on every backend (a GPU's default rounds their inputs to
+    TF32): the tests that use it compare two float32 computations of one quantity at a float32
+    tolerance. On the CPU it changes nothing (XLA's CPU backend computes in float32)."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 def test_continuous_weights_converge_in_depth():
     """Continuous-in-depth weights run at any step count; RK4 stacks approach the flow fast
     (differences between N and 2N steps shrink by about 2^4)."""
@@ -175,6 +184,7 @@ def test_continuous_weights_converge_in_depth():
     assert d2 < d1 / 6, (d1, d2)
 
 
+@pytest.mark.usefixtures("float32_matmuls")
 def test_adaptive_depth_of_a_pre_norm_stack_approaches_a_tight_solve():
     """Adaptive depth on a pre-norm stack (the embedded pair in R^d; here Heun's with its Euler
     estimate, run on a model whose own design, Euler, has no estimate): at a tight tolerance
@@ -434,6 +444,7 @@ def _first_step_nll(model, seed: int, depths) -> list[float]:
     return nll
 
 
+@pytest.mark.usefixtures("float32_matmuls")
 def test_training_at_several_depths_takes_the_mean_loss():
     """``extra_depths``: the first logged loss (before any update) is the mean of the
     model's next-token NLL at its own depth and at the extra ones, each computed here from the
@@ -454,6 +465,7 @@ def test_training_at_several_depths_takes_the_mean_loss():
         TrainConfig(model=model, extra_depths=(0,))
 
 
+@pytest.mark.usefixtures("float32_matmuls")
 def test_training_at_a_random_depth_takes_the_drawn_depths_loss():
     """``random_depths``: a step's loss is the NLL at the one depth drawn for it (here the
     first step's, before any update, computed from the logits at each depth, for a seed that
