@@ -1,0 +1,95 @@
+"""``.ci/jax_programs.py``: the hook that logs jax's compile records in every process, and the
+summary CI writes from them (``.ci/artifacts/jax_programs.tsv``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ci_jax_programs", ROOT / ".ci" / "jax_programs.py")
+jax_programs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jax_programs)
+
+
+def test_summary_sums_records_by_test_program_and_kind(tmp_path):
+    """A hand-written log: two programs traced and lowered, one loaded from the cache, one
+    compiled after a miss, one compiled with the cache off; lines of other loggers ignored."""
+    (tmp_path / "1.log").write_text(
+        "tests\ttests/a.py::t\tFinished tracing f for jit in 0.25 sec\n"
+        "tests\ttests/a.py::t\tFinished jaxpr to MLIR module conversion jit(f) in 0.5 sec\n"
+        "tests\ttests/a.py::t\tPersistent compilation cache hit for 'jit_f' with key 'k'\n"
+        "tests\ttests/a.py::t\tFinished XLA compilation of jit(f) in 0.125 sec\n"
+        "tests\ttests/a.py::t\tFinished tracing g for jit in 1.0 sec\n"
+        "tests\ttests/a.py::t\tPERSISTENT COMPILATION CACHE MISS for 'jit_g' with key 'k'\n"
+        "tests\ttests/a.py::t\tFinished XLA compilation of jit(g) in 2.0 sec\n"
+        "tests\ttests/a.py::t\tCompiling jit(g) with global shapes and types\n")
+    (tmp_path / "2.log").write_text(
+        "child\ttests/a.py::t\tFinished tracing f for jit in 0.75 sec\n"
+        "child\ttests/a.py::t\tFinished XLA compilation of jit(f) in 4.0 sec\n")
+    (tmp_path / "2.other").write_text("not a log\n")
+    per_test, per_program = jax_programs.read(tmp_path)
+    assert per_test["tests", "tests/a.py::t"] == {
+        "trace_s": 1.25, "lower_s": 0.5, "cache_load_s": 0.125, "compile_s": 2.0,
+        "traced": 2, "compiled": 1}
+    assert per_test["child", "tests/a.py::t"] == {
+        "trace_s": 0.75, "lower_s": 0.0, "cache_load_s": 0.0, "compile_s": 4.0,
+        "traced": 1, "compiled": 1}
+    assert per_program["tests", "f"]["cache_load_s"] == 0.125
+    assert per_program["tests", "g"]["compile_s"] == 2.0
+    totals = jax_programs.summarize(tmp_path, tmp_path / "out.tsv")
+    assert totals["child"]["compile_s"] == 4.0 and totals["tests"]["trace_s"] == 1.25
+    lines = (tmp_path / "out.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["kind", *jax_programs.COLUMNS, "test"]
+    assert lines.count("") == 2  # three tables
+
+
+def test_hook_records_this_jax_version(tmp_path):
+    """The hook, run in a fresh process that jits one function: jax's records still carry the
+    messages the summary reads (a jax that renamed them would leave the artifact empty)."""
+    # its own variable: CI installs the hook in the environment, listening to the real one
+    code = (jax_programs.hook("SVFLOW_TEST_HOOK_LOG")
+            + "\nimport jax\nprint(jax.jit(lambda x: x * 3 + 1)(2.0))\n")
+    env = dict(os.environ, SVFLOW_TEST_HOOK_LOG=str(tmp_path), JAX_PLATFORMS="cpu")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (log,) = tmp_path.glob("*.log")
+    assert log.stem.isdigit()  # <pid>.log
+    per_test, per_program = jax_programs.read(tmp_path)
+    row = per_test["child", "-"]
+    assert row["traced"] >= 1 and row["trace_s"] > 0 and row["lower_s"] > 0
+    assert row["cache_load_s"] + row["compile_s"] > 0
+    assert any(name == "<lambda>" for _, name in per_program)
+
+
+def test_install_refuses_outside_a_virtual_environment(monkeypatch):
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    with pytest.raises(SystemExit, match="virtual environment"):
+        jax_programs.install()
+
+
+def test_hook_keeps_jax_debug_records_out_of_other_handlers_and_warnings_in(tmp_path):
+    """DEBUG records go to the file only; a warning of those loggers still reaches the root's
+    handlers (what jax would show without the hook)."""
+    code = (jax_programs.hook("SVFLOW_TEST_HOOK_LOG") + "\nimport logging, sys\n"
+            "seen = []\n"
+            "class Keep(logging.Handler):\n"
+            "    def emit(self, record): seen.append((record.levelname, record.getMessage()))\n"
+            "logging.getLogger().addHandler(Keep())\n"
+            "logging.getLogger('jax._src.compiler').debug('quiet')\n"
+            "logging.getLogger('jax._src.compiler').warning('loud')\n"
+            "print(seen)\n")
+    env = dict(os.environ, SVFLOW_TEST_HOOK_LOG=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[('WARNING', 'loud')]"
+    (log,) = tmp_path.glob("*.log")
+    assert [line.split("\t")[2] for line in log.read_text().splitlines()] == ["quiet", "loud"]
