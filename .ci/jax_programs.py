@@ -75,7 +75,8 @@ if os.environ.get("{variable}"):
         _logger.setLevel(logging.DEBUG)
         _logger.propagate = False
         _logger.addHandler(_handler)
-        _logger.addHandler(_Upward())
+        if not any(type(h).__name__ == "_Upward" for h in _logger.handlers):
+            _logger.addHandler(_Upward())  # once, however many hooks listen
 '''
 
 COLUMNS = ("trace_s", "lower_s", "cache_load_s", "compile_s", "traced", "compiled")
