@@ -25,11 +25,12 @@ Usage:
 
 ``python3 .ci/jax_programs.py summarize FOLDER OUT.tsv``
     sums the logs into ``OUT.tsv``: per test and kind of process, the seconds of tracing,
-    lowering, loading cached programs and compiling, and the number of programs traced and
-    compiled; then the same per program name; then the totals per kind of process, which it
-    also prints. Threads of one process that compile at once (``svflow verify --workers``) can
-    pair a compilation with another's cache record: the split between loading and compiling is
-    then approximate, their sum is not.
+    lowering, loading cached programs and compiling, the number of programs traced and
+    compiled, and how many of those jax did not write to its cache because they hold a host
+    callback (``not_cacheable``); then the same per program name; then the totals per kind of
+    process, which it also prints. Threads of one process that compile at once (``svflow
+    verify --workers``) can pair a compilation with another's cache record: the split between
+    loading and compiling is then approximate, their sum is not.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ if os.environ.get("{variable}"):
             _logger.addHandler(_Upward())  # once, however many hooks listen
 '''
 
-COLUMNS = ("trace_s", "lower_s", "cache_load_s", "compile_s", "traced", "compiled")
+COLUMNS = ("trace_s", "lower_s", "cache_load_s", "compile_s", "traced", "compiled",
+           "not_cacheable")
 
 
 def install() -> Path:
@@ -124,6 +126,12 @@ def read(folder: Path) -> tuple[dict, dict]:
             elif message.startswith("PERSISTENT COMPILATION CACHE MISS"):
                 cached = False
                 continue
+            elif (message.startswith("Not writing persistent cache entry")
+                  and "host callbacks" in message):
+                name = message.split("'")[1].removeprefix("jit_")
+                for row in (per_test[kind, test], per_program[kind, name]):
+                    row["not_cacheable"] += 1
+                continue
             elif message.startswith("Finished XLA compilation of "):
                 name = _name(message, "compilation of ")
                 column, seconds = ("cache_load_s" if cached else "compile_s"), _seconds(message)
@@ -167,7 +175,8 @@ def main(argv: list[str]) -> None:
         for kind, row in sorted(totals.items()):
             print(f"jax in {kind} processes: " + ", ".join(
                 f"{c.removesuffix('_s')} {row[c]:.0f} s" for c in COLUMNS[:4])
-                + f" ({row['traced']:.0f} programs traced, {row['compiled']:.0f} compiled)")
+                + f" ({row['traced']:.0f} programs traced, {row['compiled']:.0f} compiled, "
+                  f"{row['not_cacheable']:.0f} of them not cacheable: host callbacks)")
     else:
         raise SystemExit(__doc__.split("Usage:", 1)[1])
 

@@ -28,6 +28,8 @@ def test_summary_sums_records_by_test_program_and_kind(tmp_path):
         "tests\ttests/a.py::t\tFinished tracing g for jit in 1.0 sec\n"
         "tests\ttests/a.py::t\tPERSISTENT COMPILATION CACHE MISS for 'jit_g' with key 'k'\n"
         "tests\ttests/a.py::t\tFinished XLA compilation of jit(g) in 2.0 sec\n"
+        "tests\ttests/a.py::t\tNot writing persistent cache entry for 'jit_g' because it uses "
+        "host callbacks (e.g. from jax.debug.print or breakpoint)\n"
         "tests\ttests/a.py::t\tCompiling jit(g) with global shapes and types\n")
     (tmp_path / "2.log").write_text(
         "child\ttests/a.py::t\tFinished tracing f for jit in 0.75 sec\n"
@@ -36,12 +38,13 @@ def test_summary_sums_records_by_test_program_and_kind(tmp_path):
     per_test, per_program = jax_programs.read(tmp_path)
     assert per_test["tests", "tests/a.py::t"] == {
         "trace_s": 1.25, "lower_s": 0.5, "cache_load_s": 0.125, "compile_s": 2.0,
-        "traced": 2, "compiled": 1}
+        "traced": 2, "compiled": 1, "not_cacheable": 1}
     assert per_test["child", "tests/a.py::t"] == {
         "trace_s": 0.75, "lower_s": 0.0, "cache_load_s": 0.0, "compile_s": 4.0,
-        "traced": 1, "compiled": 1}
+        "traced": 1, "compiled": 1, "not_cacheable": 0}
     assert per_program["tests", "f"]["cache_load_s"] == 0.125
     assert per_program["tests", "g"]["compile_s"] == 2.0
+    assert per_program["tests", "g"]["not_cacheable"] == 1
     totals = jax_programs.summarize(tmp_path, tmp_path / "out.tsv")
     assert totals["child"]["compile_s"] == 4.0 and totals["tests"]["trace_s"] == 1.25
     lines = (tmp_path / "out.tsv").read_text().splitlines()
@@ -50,12 +53,20 @@ def test_summary_sums_records_by_test_program_and_kind(tmp_path):
 
 
 def test_hook_records_this_jax_version(tmp_path):
-    """The hook, run in a fresh process that jits one function: jax's records still carry the
-    messages the summary reads (a jax that renamed them would leave the artifact empty)."""
+    """The hook, run in a fresh process on an empty compilation cache that jits two functions,
+    one holding a host callback: jax's records still carry the messages the summary reads (a
+    jax that renamed them would leave the artifact empty)."""
     # its own variable: CI installs the hook in the environment, listening to the real one
-    code = (jax_programs.hook("SVFLOW_TEST_HOOK_LOG")
-            + "\nimport jax\nprint(jax.jit(lambda x: x * 3 + 1)(2.0))\n")
-    env = dict(os.environ, SVFLOW_TEST_HOOK_LOG=str(tmp_path), JAX_PLATFORMS="cpu")
+    code = (jax_programs.hook("SVFLOW_TEST_HOOK_LOG") + "\nimport jax\n"
+            "print(jax.jit(lambda x: x * 3 + 1)(2.0))\n"
+            "def counted(x):\n"
+            "    jax.debug.callback(lambda v: None, x)\n"
+            "    return x - 1\n"
+            "print(jax.jit(counted)(2.0))\n")
+    env = dict(os.environ, SVFLOW_TEST_HOOK_LOG=str(tmp_path), JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.pop("PYTEST_CURRENT_TEST", None)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
@@ -64,9 +75,11 @@ def test_hook_records_this_jax_version(tmp_path):
     assert log.stem.isdigit()  # <pid>.log
     per_test, per_program = jax_programs.read(tmp_path)
     row = per_test["child", "-"]
-    assert row["traced"] >= 1 and row["trace_s"] > 0 and row["lower_s"] > 0
-    assert row["cache_load_s"] + row["compile_s"] > 0
-    assert any(name == "<lambda>" for _, name in per_program)
+    assert row["traced"] >= 2 and row["trace_s"] > 0 and row["lower_s"] > 0
+    assert row["compiled"] >= 2 and row["compile_s"] > 0
+    assert per_program["child", "counted"]["not_cacheable"] == 1
+    assert per_program["child", "<lambda>"]["not_cacheable"] == 0
+    assert per_program["child", "<lambda>"]["compiled"] == 1
 
 
 def test_install_refuses_outside_a_virtual_environment(monkeypatch):
