@@ -18,6 +18,7 @@ import optax
 import pytest
 from flax import nnx
 
+from svflow_jax.claims.measure import exactness_tolerance
 from svflow_jax.designs import DESIGNS, DesignConfig, SolverLM
 from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, get_task, train
 from svflow_jax.training.compare import throughput
@@ -105,21 +106,29 @@ def test_runs_with_other_rates_and_schedules_share_one_compiled_step():
 
 
 def test_fit_takes_any_optax_optimiser():
-    """fit with a plain optax.sgd: two steps equal the hand-written update w - lr * grad
-    (float32 weights, which optax rounds as w + (-lr * grad))."""
+    """fit with a plain optax.sgd: two steps equal the hand-written update w - lr * grad, in
+    float64 (both sides cast up), so that only the update rule is compared."""
     from svflow_jax.training import fit, lm_loss
+
+    def model64():
+        graphdef, state = nnx.split(SolverLM(TINY, rngs=nnx.Rngs(0)))
+        return nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(jnp.float64), state))
 
     task = get_task("austen", TINY.context)
     batches = [tuple(map(jax.numpy.asarray, task.batch(0, step, 4))) for step in range(2)]
-    graphdef, expected, rest = nnx.split(SolverLM(TINY, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    graphdef, expected, rest = nnx.split(model64(), nnx.Param, ...)
     grad = jax.jit(jax.grad(lambda w, batch: lm_loss(nnx.merge(graphdef, w, rest), *batch)[0]))
     for batch in batches:
         expected = jax.tree.map(lambda w, g: w - 0.1 * g, expected, grad(expected, batch))
-    trained = fit(SolverLM(TINY, rngs=nnx.Rngs(0)), lm_loss, optax.sgd(0.1),
-                  lambda step: batches[step], 2).model
+    trained = fit(model64(), lm_loss, optax.sgd(0.1), lambda step: batches[step], 2).model
+    # Both sides round the same float64 operations in other orders: the gradients' sums of
+    # at most 4 x 16 tokens' terms differ by ~64 eps64 |g|, times lr, and each update adds
+    # eps64 |w|: below 1e-13 for weights and gradients of size O(1). A wrong update (another
+    # rate, sign or step count) moves a weight by lr |g| ~ 1e-3.
     for x, y in zip(jax.tree.leaves(nnx.state(trained, nnx.Param)), jax.tree.leaves(expected),
                     strict=True):
-        np.testing.assert_allclose(x, y, rtol=0, atol=5e-8)  # float32 rounding: 7.5e-9 measured
+        assert x.dtype == jnp.float64
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13)
 
 
 def test_resume_is_exact(tmp_path):
@@ -143,13 +152,15 @@ def test_resume_is_exact(tmp_path):
 
 def test_trained_euler_design_is_the_transformer():
     """After training, the Euler post-norm design with per-layer weights equals the project's
-    TransformerLM holding the same weights (float32: 1e-5 of the logits' scale)."""
+    TransformerLM holding the same weights (float32: the exactness claims' rule C L eps s, the
+    head counted as one more layer)."""
     model = train(_config("euler"), progress=False).model
     tokens = AustenBytes(context=16).eval_batches(4, 4)[0][0]
     ours = nnx.jit(lambda m, t: m(t))(model, tokens)
     theirs = nnx.jit(lambda m, t: m(t))(model.to_transformer(), tokens)
     scale = float(np.max(np.abs(theirs)))
-    np.testing.assert_allclose(ours, theirs, atol=1e-5 * scale, rtol=0)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=exactness_tolerance(
+        jnp.float32, TINY.num_steps + 1, scale))
 
 
 SHARDED = textwrap.dedent("""
