@@ -45,6 +45,7 @@ from . import correspondence, packaged
 from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep
 from .checkpoints import LoadedModel, load
 from .claims.core import ClaimResult, Evidence
+from .claims.measure import precision_in_force
 from .solvers import catalogue
 from .transformer import TransformerConfig, TransformerLM, layer_params
 from .transformer.lens import decompose_logits, final_logits, logit_lens
@@ -471,9 +472,11 @@ def lens(loaded: LoadedModel, windows: np.ndarray, top_k: int = 5) -> ClaimResul
     top-1 token of the last position) and the direct-logit decomposition of the target tokens'
     logits (rows ``kind="component"``: mean and mean absolute contribution over the positions).
     Figures: the loss of the embedding and of the model, the components with the largest
-    mean absolute contribution, and ``remainder``, the largest ``|logits - sum of
-    contributions|`` relative to the largest ``|logit|`` (round-off: the decomposition is
-    exact)."""
+    mean absolute contribution, and ``remainder``, the largest ``|logits - sum of parts|``
+    (contributions, the final Norm's bias, the head's bias) relative to the largest
+    ``|logit|``, beside ``remainder_bound``, the round-off that sum may carry in the model's
+    dtype (:func:`~svflow_jax.transformer.lens.decompose_logits`): ``remainder_is_roundoff``
+    says which side it falls."""
     start = time.perf_counter()
     lm = loaded.model
     statement = ("Every sub-step's contribution to the prediction: the logit lens, and the "
@@ -481,7 +484,10 @@ def lens(loaded: LoadedModel, windows: np.ndarray, top_k: int = 5) -> ClaimResul
     try:
         tokens, targets = jnp.asarray(windows[0, :-1]), jnp.asarray(windows[0, 1:])
         readout = logit_lens(lm, tokens, targets, top_k=top_k)
-        dec = decompose_logits(lm, tokens, targets[:, None])
+        eps = None
+        if jnp.dtype(lm.config.param_dtype) == jnp.float32:  # TF32 products on a GPU
+            eps = 2 * precision_in_force()["float32_unit_roundoff"]
+        dec = decompose_logits(lm, tokens, targets[:, None], eps=eps)
     except ValueError as err:  # post-norm, or no LM head
         return _result("lens", statement, Evidence(None, {"skipped": str(err)}, "skipped"),
                        start)
@@ -499,7 +505,8 @@ def lens(loaded: LoadedModel, windows: np.ndarray, top_k: int = 5) -> ClaimResul
     largest = np.argsort(-np.abs(contrib).mean(1))[:3]
     figures = {"loss_embedding": float(loss[0]), "loss_model": float(loss[-1]),
                "largest_components": [dec.names[k] for k in largest],
-               "remainder": dec.remainder, "tokens": int(tokens.shape[0])}
+               "remainder": dec.remainder, "remainder_bound": dec.remainder_bound,
+               "remainder_is_roundoff": dec.roundoff, "tokens": int(tokens.shape[0])}
     return _result("lens", statement, Evidence(None, figures, "exact to round-off", rows), start)
 
 

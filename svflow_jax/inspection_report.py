@@ -153,9 +153,13 @@ def markdown(summary: dict[str, Any]) -> str:
                   f"Logit lens on {f['tokens']} tokens: next-token loss "
                   f"{_fmt(f['loss_embedding'])} nats read off the embedding, "
                   f"{_fmt(f['loss_model'])} at the output. The target logits split into the "
-                  "embedding's and every branch's contribution (final Norm linearised at the "
-                  f"final state) with a relative remainder of {_fmt(f['remainder'])} "
-                  f"(round-off); largest: {', '.join(f['largest_components'])}.", "",
+                  "embedding's, every branch's, the final Norm's bias and the head's bias (the "
+                  "final Norm's scale frozen at the final state) with a relative remainder of "
+                  f"{_fmt(f['remainder'])} "
+                  + ("(round-off: below its bound " if f.get("remainder_is_roundoff", True)
+                     else "(NOT round-off: above its bound ")
+                  + f"{_fmt(f.get('remainder_bound', float('nan')))}); largest: "
+                  f"{', '.join(f['largest_components'])}.", "",
                   _table(layer_groups_by_index(states, 8)), ""]
     lines += ["Figures: `geometry.png`, `depth_smoothness.png`, `refinement.png`"
               + (", `alpha_sweep.png`" if sweep and "loss_model" in sweep["figures"] else "")

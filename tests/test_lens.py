@@ -8,6 +8,8 @@ branch's contribution must equal the change of the residual stream it makes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +38,8 @@ def _model(seed=0, **kw) -> TransformerLM:
         if isinstance(p, nnx.Param) and (str(path[-1]).startswith("b") or "gain" in
                                            str(path[-1])):
             p[...] = p[...] + 0.2 * jnp.asarray(rng.normal(size=p.shape))
+    if model.unembed_bias is not None:  # a head bias of the logits' own size
+        model.unembed_bias[...] = jnp.asarray(rng.normal(size=model.unembed_bias.shape))
     return model
 
 
@@ -44,6 +48,8 @@ CASES = [
     dict(block="parallel", norm="layer", use_bias=True, ffn="gelu"),
     dict(block="macaron", tie_embeddings=True),
     dict(block="sequential", norm="layer", use_bias=True, final_norm=False),
+    dict(block="sequential", head_bias=True),
+    dict(block="parallel", norm="layer", use_bias=True, ffn="gelu", head_bias=True),
 ]
 
 
@@ -53,9 +59,18 @@ def test_contributions_sum_to_the_logits_in_float64(case):
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, size=(2, 7)))
     dec = decompose_logits(model, tokens)
     np.testing.assert_allclose(np.asarray(dec.logits), np.asarray(model(tokens)), rtol=0)
-    total = dec.contributions.sum(0) + dec.bias
-    assert float(jnp.max(jnp.abs(total - dec.logits)) / jnp.max(jnp.abs(dec.logits))) < 1e-13
-    assert dec.remainder < 1e-13
+    total = dec.contributions.sum(0) + dec.bias + dec.head_bias
+    assert float(jnp.max(jnp.abs(total - dec.logits)) / jnp.max(jnp.abs(dec.logits))) < 1e-12
+    assert dec.remainder < 1e-12 and dec.roundoff and dec.remainder <= dec.remainder_bound
+    # the bound is float64 round-off of a sum of c + d + 2 parts, not a loose catch-all
+    assert dec.remainder_bound < 1e-11
+    beta = (np.zeros(40) if model.unembed_bias is None
+            else np.asarray(model.unembed_bias[...]))
+    np.testing.assert_array_equal(np.asarray(dec.head_bias),
+                                  np.broadcast_to(beta, dec.head_bias.shape))
+    if case.get("head_bias"):  # the head bias is a part of its own: without it, no sum
+        gap = jnp.max(jnp.abs(dec.logits - dec.contributions.sum(0) - dec.bias))
+        assert float(gap / jnp.max(jnp.abs(dec.logits))) > 100 * dec.remainder_bound
     assert dec.contributions.shape[0] == len(dec.names) == len(component_names(model))
     # every layer matters: no contribution is identically zero
     assert np.all(np.abs(np.asarray(dec.contributions)).max(axis=(1, 2, 3)) > 1e-3)
@@ -93,6 +108,20 @@ def test_selected_token_ids_and_the_final_norm_by_hand():
     np.testing.assert_allclose(np.asarray(full.contributions[0]), e @ w, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(full.bias[0]), np.asarray(norm.bias[...]) @ w,
                                rtol=1e-12)
+
+
+def test_a_remainder_above_its_bound_is_not_called_round_off():
+    """``roundoff`` is decided by the computed bound, on both sides of it."""
+    model = _model(block="sequential", head_bias=True)
+    dec = decompose_logits(model, jnp.asarray([3, 9, 1]))
+    assert dec.roundoff
+    above = dataclasses.replace(dec, remainder=dec.remainder_bound * 1.01)
+    at = dataclasses.replace(dec, remainder=dec.remainder_bound)
+    assert not above.roundoff and at.roundoff
+    # float32 rounding units: a bound in float32 epsilons is 2^29 times float64's
+    wide = decompose_logits(model, jnp.asarray([3, 9, 1]), eps=float(np.finfo(np.float32).eps))
+    assert wide.remainder_bound == pytest.approx(
+        dec.remainder_bound * np.finfo(np.float32).eps / np.finfo(np.float64).eps, rel=1e-12)
 
 
 def test_logit_lens_ends_at_the_model_and_reads_every_sub_step():

@@ -10,14 +10,25 @@ Norm, so the final state is
 ``x_0`` the embedding. The logits are ``W_U^T N(x_L)`` with the final Norm
 ``N(x) = g * (C x) r(x) + b``: ``C`` the centring ``x - mean(x)`` (LayerNorm) or the identity
 (RMSNorm), ``r(x) = 1 / sqrt(mean((C x)^2) + eps)`` one number per token, ``g`` the gains and
-``b`` the bias (LayerNorm with bias). ``N`` is linear in ``x`` once ``r`` is fixed, so with
-``r`` read at the final state (the Norm linearised there)
+``b`` the bias (LayerNorm with bias), and the LM head may add its own bias ``beta``. ``N`` is
+linear in ``x`` once ``r`` is fixed, so with the Norm's scale ``r`` frozen at its value at the
+final state,
 
-    logits = sum_k W_U^T (g * (C c_k) r(x_L)) + W_U^T b,     c_k in {x_0, h_s u_{l,s,b}},
+    logits = sum_k W_U^T (g * (C c_k) r(x_L)) + W_U^T b + beta,   c_k in {x_0, h_s u_{l,s,b}},
 
-exactly: the decomposition's remainder is round-off, not an approximation (TransformerLens
-folds the Norm into the weights and divides by a separately cached scale; here ``r`` and the
-gains are applied to every contribution, which is the same map). Post-norm stacks renormalise
+exactly: the decomposition's remainder is round-off, not an approximation. This is the
+convention of TransformerLens (which folds the Norm into the weights and divides by a
+separately cached scale; here ``r`` and the gains are applied to every contribution, the same
+map). It is not a linearisation of the Norm: the Jacobian of an RMSNorm at ``x_L`` annihilates
+``x_L`` itself (``N`` is scale-invariant), so a first-order expansion would give the sum of all
+contributions no logit at all. A contribution's part says what it adds through the final
+state's scale, not what removing it would change.
+
+The remainder is computed, and reported with a bound: in floating point, each logit is a sum of
+``K`` parts (the ``K`` contributions, the Norm bias, the head bias), each a dot product of
+``d`` terms, so two orderings differ by at most ``(K + d + 2) eps sum |part|`` (eps of the
+computation's dtype, or of the float32 matrix multiply in force when the caller passes it);
+a remainder above that bound is not round-off (:attr:`Decomposition.roundoff`). Post-norm stacks renormalise
 the stream after every sub-step, so it is not a sum of contributions: refused.
 
 The logit lens applies the final Norm and the unembedding to the residual stream after every
@@ -85,8 +96,8 @@ def residual_contributions(
 
 
 def _final_norm_parts(model: TransformerLM, x_final: Array):
-    """``(apply, bias)``: the final Norm linearised at ``x_final`` (a linear map of a
-    contribution) and its bias (``None`` without one)."""
+    """``(apply, bias)``: the final Norm with its scale frozen at ``x_final`` (a linear map of
+    a contribution) and its bias (``None`` without one)."""
     norm = model.transformer.final_norm
     if norm is None:
         return (lambda c: c), None
@@ -114,16 +125,25 @@ def _unembedding(model: TransformerLM, like: Array) -> Array:
 @dataclasses.dataclass(frozen=True)
 class Decomposition:
     """Direct logit attribution: ``contributions[k]`` is component ``names[k]``'s part of the
-    logits of ``token_ids``; ``bias`` the final Norm's bias through the unembedding (zeros
-    without one); ``logits`` the model's own logits of ``token_ids``; ``remainder`` the largest
-    ``|logits - sum_k contributions[k] - bias|``, relative to the largest ``|logits|``."""
+    logits of ``token_ids``; ``bias`` the final Norm's bias through the unembedding and
+    ``head_bias`` the LM head's own bias (zeros without them); ``logits`` the model's own
+    logits of ``token_ids``; ``remainder`` the largest ``|logits - sum_k contributions[k] -
+    bias - head_bias|`` and ``remainder_bound`` the largest round-off that sum may carry
+    (module docstring), both relative to the largest ``|logits|``."""
 
     names: tuple[str, ...]
     contributions: Float[Array, "c ... n k"]
     bias: Float[Array, "... n k"]
+    head_bias: Float[Array, "... n k"]
     logits: Float[Array, "... n k"]
     token_ids: Int[Array, "... n k"] | None
     remainder: float
+    remainder_bound: float
+
+    @property
+    def roundoff(self) -> bool:
+        """Whether the remainder is within round-off (at most :attr:`remainder_bound`)."""
+        return self.remainder <= self.remainder_bound
 
 
 def decompose_logits(
@@ -132,28 +152,42 @@ def decompose_logits(
     token_ids: Int[Array, "... n k"] | None = None,
     *,
     positions: Array | None = None,
+    eps: float | None = None,
 ) -> Decomposition:
     """The logits of ``token_ids`` (``None``: the whole vocabulary) split into the embedding's
-    and every branch's contribution through the final Norm linearised at the final state."""
+    and every branch's contribution through the final Norm with its scale frozen at the final
+    state, the Norm's bias and the head's bias. ``eps``: the unit of the remainder's bound
+    (default: the machine epsilon of the model's dtype; pass the float32 matrix multiply's in
+    force on a GPU, whose default rounds float32 products to TF32)."""
     contrib = residual_contributions(model, tokens, positions=positions)
     x_final = contrib.sum(0)
     apply, bias = _final_norm_parts(model, x_final)
     w = _unembedding(model, contrib)  # (d, V)
     normed = apply(contrib)  # (c, ..., n, d)
+    logits = model(tokens, positions=positions)
+    beta = (jnp.zeros(w.shape[-1:], logits.dtype) if model.unembed_bias is None
+            else model.unembed_bias[...].astype(logits.dtype))
     if token_ids is None:
         parts = jnp.einsum("c...nd,dv->c...nv", normed, w)
         b = (jnp.zeros(parts.shape[1:], parts.dtype) if bias is None
              else jnp.broadcast_to(bias @ w, parts.shape[1:]))
-        logits = model(tokens, positions=positions)
+        head = jnp.broadcast_to(beta, parts.shape[1:])
     else:
         wk = jnp.moveaxis(w[:, token_ids], 0, -1)  # (..., n, k, d)
         parts = jnp.einsum("c...nd,...nkd->c...nk", normed, wk)
         b = (jnp.zeros(parts.shape[1:], parts.dtype) if bias is None
              else jnp.einsum("d,...nkd->...nk", bias.astype(wk.dtype), wk))
-        logits = jnp.take_along_axis(model(tokens, positions=positions), token_ids, axis=-1)
-    gap = jnp.max(jnp.abs(logits - parts.sum(0) - b)) / jnp.max(jnp.abs(logits))
+        head = beta[token_ids]
+        logits = jnp.take_along_axis(logits, token_ids, axis=-1)
+    scale = jnp.max(jnp.abs(logits))
+    gap = jnp.max(jnp.abs(logits - parts.sum(0) - b - head)) / scale
+    unit = float(jnp.finfo(parts.dtype).eps) if eps is None else float(eps)
+    terms = parts.shape[0] + w.shape[0] + 2
+    size = jnp.abs(parts).sum(0) + jnp.abs(b) + jnp.abs(head)
+    bound = terms * unit * jnp.max(size) / scale
     return Decomposition(names=component_names(model), contributions=parts, bias=b,
-                         logits=logits, token_ids=token_ids, remainder=float(gap))
+                         head_bias=head, logits=logits, token_ids=token_ids,
+                         remainder=float(gap), remainder_bound=float(bound))
 
 
 def final_logits(model: TransformerLM, states: Float[Array, "... n d"]
