@@ -28,8 +28,10 @@ The remainder is computed, and reported with a bound: in floating point, each lo
 ``K`` parts (the ``K`` contributions, the Norm bias, the head bias), each a dot product of
 ``d`` terms, so two orderings differ by at most ``(K + d + 2) eps sum |part|`` (eps of the
 computation's dtype, or of the float32 matrix multiply in force when the caller passes it);
-a remainder above that bound is not round-off (:attr:`Decomposition.roundoff`). Post-norm stacks renormalise
-the stream after every sub-step, so it is not a sum of contributions: refused.
+a remainder above that bound is not round-off (:attr:`Decomposition.roundoff`).
+
+Post-norm stacks renormalise the stream after every sub-step, so it is not a sum of
+contributions: refused.
 
 The logit lens applies the final Norm and the unembedding to the residual stream after every
 sub-step (``hidden_states(substeps=True)``): per state, the top-k tokens and the mean
