@@ -176,7 +176,7 @@ def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from svflow_jax.verify import enable_compilation_cache
+    from svflow_jax.xla_settings import enable_compilation_cache
 
     jax.jit(lambda x: x + 1.0)(jnp.ones(2)).block_until_ready()  # the current cache is open
     assert enable_compilation_cache(tmp_path / "moved") == tmp_path / "moved"
@@ -189,11 +189,11 @@ def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
 
 
 def test_prune_cache_deletes_the_programs_used_longest_ago(tmp_path):
-    """The cache bound (:func:`svflow_jax.verify.prune_cache`, the suite's at each run and a
+    """The cache bound (:func:`svflow_jax.xla_settings.prune_cache`, the suite's at each run and a
     command's when it opens its folder): programs go, least recently used first (access or
     modification time, the later), with their jax access-time files, until the rest fit; other
     files stay."""
-    from svflow_jax.verify import CACHE_LIMIT, prune_cache
+    from svflow_jax.xla_settings import CACHE_LIMIT, prune_cache
 
     assert CACHE_LIMIT == 2 * 1024**3
     used = {"a": 100, "b": 400, "c": 200, "d": 300}  # key: the time it was last used
@@ -215,7 +215,7 @@ def test_enable_compilation_cache_trims_a_folder_it_opens(tmp_path):
     goes); called again on the folder now in force, nothing more is deleted."""
     import jax
 
-    from svflow_jax.verify import enable_compilation_cache
+    from svflow_jax.xla_settings import enable_compilation_cache
 
     folder = tmp_path / "cache"
     folder.mkdir()

@@ -90,7 +90,7 @@ def setup_jax(args: argparse.Namespace | None = None, *, cache: bool = True) -> 
         jax.config.update("jax_enable_compilation_cache", False)
     if not cache or args is None or getattr(args, "no_compile_cache", True):
         return None
-    from ..verify import enable_compilation_cache
+    from ..xla_settings import enable_compilation_cache
 
     return str(enable_compilation_cache(getattr(args, "cache_dir", None)))
 
