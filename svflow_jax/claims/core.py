@@ -145,13 +145,16 @@ class Evidence:
     """What a measurement returns: the verdict, the figures behind it, the rows of its table.
 
     ``passed`` is ``None`` when the measurement cannot decide (e.g. an order hidden by float32
-    round-off); ``tolerance`` states the criterion in words and numbers.
+    round-off); ``tolerance`` states the criterion in words and numbers; ``headline`` names the
+    one figure that decides (a key of ``figures``; ``"fitted_order"`` is shown with its
+    ``order_ci``), the figure reports print beside the verdict.
     """
 
     passed: bool | None
     figures: dict[str, Any]
     tolerance: str
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    headline: str | None = None
 
 
 @dataclasses.dataclass
@@ -166,6 +169,7 @@ class ClaimResult:
     tolerance: str
     rows: list[dict[str, Any]]
     seconds: float
+    headline: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +190,7 @@ class Claim:
         return ClaimResult(
             name=self.name, section=self.section, statement=self.statement,
             passed=evidence.passed, figures=evidence.figures, tolerance=evidence.tolerance,
-            rows=evidence.rows, seconds=time.perf_counter() - start,
+            rows=evidence.rows, seconds=time.perf_counter() - start, headline=evidence.headline,
         )
 
 

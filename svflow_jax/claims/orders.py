@@ -108,7 +108,8 @@ def solver_sweep(
     tolerance = (f"{spec.expected_order - 0.2:g} <= fitted order, lower end of its interval "
                  f"<= {spec.expected_order + HIGH_ORDER_EXCESS:g}"
                  if spec.expected_order >= 5 else f"|fitted order - {spec.expected_order}| <= 0.15")
-    return Evidence(passed, figures, tolerance, points)
+    return Evidence(passed, figures, tolerance, points,
+                    headline="fitted_order")
 
 
 @claim_family
@@ -151,7 +152,8 @@ def _splitting(ctx: Context, method: Method) -> Evidence:
     _, passed = _order_verdict(ctx, fit, expected)
     return Evidence(passed, {"expected_order": expected, **{k: v for k, v in fit.items()
                                                             if k != "in_fit"}},
-                    f"|fitted order - {expected}| <= 0.15", rows)
+                    f"|fitted order - {expected}| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 @claim_family
@@ -226,7 +228,8 @@ def aligned_rk4(ctx: Context) -> Evidence:
     figures = {"expected_order": 4, "fitted_order": fit["fitted_order"],
                "order_ci": fit["order_ci"], "fit_points": fit["fit_points"],
                "order_without_stage_rule": naive_fit["fitted_order"]}
-    return Evidence(passed, figures, "|fitted order - 4| <= 0.15", rows)
+    return Evidence(passed, figures, "|fitted order - 4| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 @eqx.filter_jit
@@ -273,5 +276,6 @@ def drift(ctx: Context) -> Evidence:
             for r in rows for p in r["points"]]
     return Evidence(passed, figures,
                     f"sphere solvers' drift <= {tolerance:.1e}; plain methods' drift above it",
-                    flat)
+                    flat,
+                    headline="max_drift_on_sphere")
 

@@ -10,7 +10,7 @@ Exit codes (the same for every command, see :data:`EXIT_CODES`):
 * 3: an internal error: a one-line message on stderr, the traceback in ``error.log`` in the
   output folder.
 
-The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.verify`, :mod:`svflow_jax.inspection`,
+The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.claims.run`, :mod:`svflow_jax.inspection`,
 :mod:`svflow_jax.diagnose`, :mod:`svflow_jax.objective`) measure only; they set up nothing.
 """
 

@@ -1,6 +1,6 @@
 """``svflow verify``: every registered claim on a random SVFlow with a smooth ``theta(t)``
 (:mod:`svflow_jax.claims`), written as ``summary.json``, CSV tables, PNG figures and
-``report.md`` (:mod:`svflow_jax.report`)."""
+``report.md`` (:mod:`svflow_jax.claims.report`)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Path(args.out or runtime.default_out("verify"))
     args.out_folder = runtime.prepare_out(out, "verify", overwrite=args.overwrite)
     cache = runtime.setup_jax(args)
-    from .. import report, verify
+    from ..claims import report
+    from ..claims import run as verify
     from ..reporting import display_path
 
     with runtime.progress_bar("svflow verify", "claim", args.no_progress, len(chosen)) as (tick, _):
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _print(summary: dict, out: Path) -> None:
-    from ..report import headline, verdict
+    from ..claims.report import headline, verdict
 
     print(f"\n{'claim':<34} {'figure':<34} result")
     for c in summary["claims"]:

@@ -1,8 +1,8 @@
 """``svflow verify``: run every registered claim on one context and summarise.
 
-The measurements themselves live in :mod:`svflow_jax.claims`; this module only runs them, counts
-what JAX compiled (a verify run is mostly compilation on small problems) and builds the summary
-that :mod:`svflow_jax.report` writes. The persistent compilation cache
+The measurements themselves live in the other modules of :mod:`svflow_jax.claims`; this module
+only runs them, counts what JAX compiled (a verify run is mostly compilation on small problems)
+and builds the summary that :mod:`svflow_jax.claims.report` writes. The persistent compilation cache
 (:func:`svflow_jax.xla_settings.enable_compilation_cache`) makes a second run reuse the first
 run's XLA programs.
 """
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .claims import Claim, ClaimResult, Context, Options, run_claims, select
-from .claims import measure as _measure
-from .environment import environment
-from .xla_settings import compile_stats
+from ..environment import environment
+from ..xla_settings import compile_stats
+from . import measure as _measure
+from .core import Claim, ClaimResult, Context, Options, run_claims, select
 
 __all__ = ["SCHEMA_VERSION", "run", "summary"]
 
