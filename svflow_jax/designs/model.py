@@ -16,9 +16,10 @@ For the two continuous paths a stage at time ``t + c_i h`` reads ``theta(t + c_i
 same weights run at any number of steps ``N`` (depth transfer, adaptive depth).
 
 Dictionary with a Transformer of width ``d`` (``rho = sqrt(d)``), as in
-:mod:`svflow_jax.correspondence`: the hidden state is ``x = rho y``; ``wq, wk`` of anchor ``k``
-are the kernel embeddings of ``theta_k`` with concentration ``d / sqrt(d_head)``; ``wv, wo`` the
-natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y) = F(rho y) / rho``.
+:mod:`svflow_jax.bridge.correspondence`: the hidden state is ``x = rho y``; ``wq, wk`` of anchor
+``k`` are the kernel embeddings of ``theta_k`` with concentration ``d / sqrt(d_head)``; ``wv,
+wo`` the natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network
+``s(y) = F(rho y) / rho``.
 
 * post-norm (default): ``y0 = R(e)``, ``R(y) = y / |y|``, with ``e`` the token plus position
   embedding; the field is projected (``P_y u``) and the solver stays on the sphere (its
@@ -326,9 +327,9 @@ class SolverLM(nnx.Module):
     def to_transformer(self) -> TransformerLM:
         """A :class:`TransformerLM` holding this model's weights (see
         :meth:`transformer_config`). The flow's weights are mapped by the correspondence
-        layer (:func:`svflow_jax.correspondence.to_transformer_params`), the one place that
+        layer (:func:`svflow_jax.bridge.correspondence.to_transformer_params`), the one place that
         speaks both vocabularies; only the embeddings and the head are this model's own."""
-        from svflow_jax.correspondence import LayerFlow, to_transformer_params
+        from svflow_jax.bridge.correspondence import LayerFlow, to_transformer_params
         from svflow_jax.transformer import set_embedding_params, set_layer_params
 
         c = self.config
