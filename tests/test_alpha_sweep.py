@@ -1,4 +1,4 @@
-"""The step-size sweep of a pre-norm model's flow (:mod:`svflow_jax.alpha_sweep`).
+"""The step-size sweep of a pre-norm model's flow (:mod:`svflow_jax.inspection.alpha_sweep`).
 
 Independent expected values: the Transformer's own forward pass (alpha = 1 is the model; a
 one-layer parallel model with step alpha is ``x0 + alpha (c_attn + c_ffn)``, its branch
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from svflow_jax.alpha_sweep import (
+from svflow_jax.bridge import correspondence
+from svflow_jax.inspection.alpha_sweep import (
     AlphaOptions,
     alpha_sweep,
     scale_field,
     scale_updates,
     scheme_states,
 )
-from svflow_jax.bridge import correspondence
 from svflow_jax.transformer import RoPE, TransformerConfig, TransformerLM, layer_params
 from svflow_jax.transformer.lens import residual_contributions
 

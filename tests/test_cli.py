@@ -211,8 +211,8 @@ def test_reports_open_with_their_conclusion():
     """verify: passed or which claims failed, unresolved orders, a quick run's sizes; inspect:
     an exact solver of its flow, close to or far from its solution (the largest loss change
     under refinement against 0.05 nats), a quick run's sample."""
-    from svflow_jax import inspection_report
     from svflow_jax.claims import report
+    from svflow_jax.inspection import report as inspection_report
 
     claims = [{"name": "a", "passed": True}, {"name": "order/x", "passed": None},
               {"name": "b", "passed": False}]

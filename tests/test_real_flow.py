@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svflow_jax import inspection
 from svflow_jax.bridge import correspondence
 from svflow_jax.checkpoints import load_hf
 from svflow_jax.flow import AttentionField, ExpertsField, PiecewiseConstant
+from svflow_jax.inspection import study as inspection
 from svflow_jax.solvers import WithinStep
 from svflow_jax.transformer import layer_params
 

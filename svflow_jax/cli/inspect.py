@@ -1,5 +1,5 @@
 """``svflow inspect MODEL``: how close is a real pretrained Transformer to the solution of its
-ODE (:mod:`svflow_jax.inspection`), written by :mod:`svflow_jax.inspection_report`."""
+ODE (:mod:`svflow_jax.inspection`), written by :mod:`svflow_jax.inspection.report`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def alpha_options(args: argparse.Namespace, quick_default):
     (``None`` with ``--no-alpha-sweep``); ``quick_default`` fills in what is not given."""
     if args.no_alpha_sweep:
         return None
-    from ..alpha_sweep import AlphaOptions
+    from ..inspection.alpha_sweep import AlphaOptions
 
     given = {k: tuple(v) for k, v in (("alphas", args.alphas), ("schemes", args.alpha_schemes),
                                       ("layer_alphas", args.layer_alphas)) if v is not None}
@@ -80,7 +80,7 @@ def alpha_options(args: argparse.Namespace, quick_default):
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..inspection import QUICK, InspectOptions
+    from ..inspection.study import QUICK, InspectOptions
     from ..reporting import display_path
 
     given = {k: (tuple(v) if isinstance(v, list) else v) for k in (
@@ -111,9 +111,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.out_folder = runtime.prepare_out(out, "inspect", overwrite=args.overwrite)
     runtime.fetch_packaged(args.model, parser.prog)
     cache = runtime.setup_jax(args)
-    from .. import inspection
     from ..environment import environment
-    from ..inspection_report import SCHEMA_VERSION, write_inspection
+    from ..inspection import study as inspection
+    from ..inspection.report import SCHEMA_VERSION, write_inspection
 
     start = time.perf_counter()
     try:

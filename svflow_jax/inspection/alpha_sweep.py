@@ -34,15 +34,15 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
-from .bridge import correspondence
-from .claims.core import ClaimResult, Evidence
-from .next_token import next_token_nll
-from .solvers import catalogue
-from .transformer import TransformerConfig, layer_params
-from .transformer.lens import final_logits
+from ..bridge import correspondence
+from ..claims.core import ClaimResult, Evidence
+from ..next_token import next_token_nll
+from ..solvers import catalogue
+from ..transformer import TransformerConfig, TransformerLM, layer_params
+from ..transformer.lens import final_logits
 
 __all__ = ["OUTPUT_MAPS", "AlphaOptions", "QUICK_ALPHA", "sweep_scheme_names", "scale_updates",
-           "scale_field", "scheme_states", "alpha_sweep"]
+           "scale_field", "scheme_states", "final_scores", "alpha_sweep"]
 
 #: The parameters each branch's output is linear in (layer-stacked, leading axis L).
 OUTPUT_MAPS = ("wo", "bo", "w_down", "b_down", "w_out", "b_out")
@@ -160,13 +160,18 @@ def scheme_states(config: TransformerConfig, params: dict[str, Array], x0: Array
 
 
 @nnx.jit(graph_updates=False)  # reads the model: no state to write back
-def _nll(lm, states: Array, targets: Array) -> Array:
-    return next_token_nll(final_logits(lm, states), targets)
+def final_scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
+    """The final Norm, the logits and the next-token negative log-likelihood
+    (:func:`svflow_jax.next_token.next_token_nll`, the project's one next-token loss) of the
+    last hidden ``states`` against ``targets``, and the argmax of each position: the one
+    scoring of the inspection study and the step-size sweep."""
+    logits = final_logits(lm, states)
+    return next_token_nll(logits, targets), jnp.argmax(logits, axis=-1)
 
 
 def _loss(lm, states: Array, targets: Array) -> float:
     """Mean next-token loss (nats, computed in float32) of the final ``states``."""
-    return float(np.asarray(_nll(lm, states, targets), np.float64).mean())
+    return float(np.asarray(final_scores(lm, states, targets)[0], np.float64).mean())
 
 
 def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None,
