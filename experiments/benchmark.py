@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int
+from svflow_jax.cli.types import nonnegative_int, positive_float, positive_int
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

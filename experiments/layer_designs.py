@@ -90,7 +90,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svflow_jax.atomic import write_json, write_text  # noqa: E402
-from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX: flags are set in main)
+from svflow_jax.cli.types import positive_int  # noqa: E402 (no JAX: flags are set in main)
 
 DEFAULT = dict(
     designs=["euler", "heun", "midpoint", "rk4", "geodesic-euler", "crouch-grossman3",

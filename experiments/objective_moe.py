@@ -68,7 +68,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svflow_jax.atomic import append_line, dumps, read_jsonl, write_json, write_text  # noqa: E402
-from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
+from svflow_jax.cli.types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
 

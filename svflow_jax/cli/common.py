@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_types import positive_float, positive_int, seed
 from .runtime import EPILOG, UsageError, with_quick
+from .types import positive_float, positive_int, seed
 
 __all__ = ["add_flow_options", "add_run_options", "flow_options", "subcommand", "EPILOG"]
 

@@ -7,9 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_types import fraction, int_at_least, positive_float, seed
 from . import runtime
 from .common import add_run_options, subcommand
+from .types import fraction, int_at_least, positive_float, seed
 
 __all__ = ["add_parser", "run", "add_diagnose_parser", "run_diagnose"]
 

@@ -8,9 +8,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from ..cli_types import int_at_least, positive_int, step_multiplier
 from . import runtime
 from .common import add_run_options, subcommand
+from .types import int_at_least, positive_int, step_multiplier
 
 __all__ = ["add_parser", "run"]
 

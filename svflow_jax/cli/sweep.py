@@ -8,10 +8,10 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cli_types import positive_int
 from ..reporting import write_json
 from . import runtime
 from .common import add_flow_options, add_run_options, flow_options, subcommand
+from .types import positive_int
 
 __all__ = ["add_parser", "run"]
 

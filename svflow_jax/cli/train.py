@@ -16,9 +16,9 @@ import math
 import sys
 from pathlib import Path
 
-from ..cli_types import nonnegative_int, positive_float, positive_int, seed
 from . import runtime
 from .common import add_run_options, subcommand
+from .types import nonnegative_int, positive_float, positive_int, seed
 
 __all__ = ["add_parser", "run", "add_train_parser", "run_train", "config_from_args",
            "MAX_WIDTH"]

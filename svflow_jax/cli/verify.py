@@ -8,9 +8,9 @@ import argparse
 import os
 from pathlib import Path
 
-from ..cli_types import positive_float, positive_int
 from . import runtime
 from .common import add_flow_options, add_run_options, flow_options, subcommand
+from .types import positive_float, positive_int
 
 __all__ = ["add_parser", "run"]
 
