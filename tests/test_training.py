@@ -18,7 +18,8 @@ import optax
 import pytest
 from flax import nnx
 
-from svflow_jax.designs import DESIGNS, DesignConfig, SolverLM
+from svflow_jax.designs import DesignConfig, SolverLM
+from svflow_jax.solvers.catalogue import CATALOGUE as DESIGNS
 from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, get_task, train
 from svflow_jax.training.compare import throughput
 from svflow_jax.training.loop import AdamW, train_step

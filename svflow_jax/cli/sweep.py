@@ -43,12 +43,12 @@ def _slug(name: str) -> str:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = flow_options(args)
-    from ..solvers.registry import get_solver
+    from ..solvers import catalogue
 
     specs = []
     for name in args.solvers:
         try:
-            specs.append(get_solver(name))
+            specs.append(catalogue.get(name))
         except ValueError as err:
             raise runtime.UsageError(f"--solvers: {err}") from None
     if args.num_sizes is not None and args.num_sizes < 3:

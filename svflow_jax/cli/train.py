@@ -20,11 +20,7 @@ from . import runtime
 from .common import add_run_options, subcommand
 from .types import nonnegative_int, positive_float, positive_int, seed
 
-__all__ = ["add_parser", "run", "add_train_parser", "run_train", "config_from_args",
-           "MAX_WIDTH"]
-
-
-_positive_int, _nonnegative_int, _positive_float = positive_int, nonnegative_int, positive_float
+__all__ = ["add_parser", "run", "config_from_args", "MAX_WIDTH"]
 
 #: largest width (``--d-model``, ``--d-ff``, ``--heads`` x ``--d-head``) and context
 MAX_WIDTH = 16384
@@ -67,38 +63,38 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--embed-norm", action="store_true", default=None,
                    help="pre-norm: a Norm on the embeddings, so that every token's state starts "
                    "at unit length (the first block's step is measured against 1)")
-    p.add_argument("--num-steps", type=_positive_int,
+    p.add_argument("--num-steps", type=positive_int,
                    help=f"blocks of the stack (default {m.num_steps})")
-    p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
+    p.add_argument("--anchors", dest="num_anchors", type=positive_int,
                    help=f"weight anchors (layers of weights, default {m.num_anchors})")
-    p.add_argument("--duration", type=_positive_float,
+    p.add_argument("--duration", type=positive_float,
                    help=f"depth-time T (default {m.duration:g})")
-    p.add_argument("--d-model", type=_positive_int, help=f"width (default {m.d_model})")
-    p.add_argument("--heads", dest="n_heads", type=_positive_int,
+    p.add_argument("--d-model", type=positive_int, help=f"width (default {m.d_model})")
+    p.add_argument("--heads", dest="n_heads", type=positive_int,
                    help=f"heads (default {m.n_heads})")
-    p.add_argument("--d-head", type=_positive_int, help=f"head width (default {m.d_head})")
-    p.add_argument("--d-ff", type=_positive_int, help=f"FFN width (default {m.d_ff})")
-    p.add_argument("--context", type=_positive_int, help="bytes per window (austen; "
+    p.add_argument("--d-head", type=positive_int, help=f"head width (default {m.d_head})")
+    p.add_argument("--d-ff", type=positive_int, help=f"FFN width (default {m.d_ff})")
+    p.add_argument("--context", type=positive_int, help="bytes per window (austen; "
                    f"default {m.context})")
-    p.add_argument("--extra-depths", type=_positive_int, nargs="+", metavar="N",
+    p.add_argument("--extra-depths", type=positive_int, nargs="+", metavar="N",
                    help="also take the loss at N blocks (the mean over --num-steps and these), "
                    "so that the weights, continuous in depth (--weights linear or chebyshev), "
                    "stay a discretisation of one flow when the stack is refined; each adds "
                    "its blocks' forward and backward pass to a step")
-    p.add_argument("--random-depths", type=_positive_int, nargs="+", metavar="N",
+    p.add_argument("--random-depths", type=positive_int, nargs="+", metavar="N",
                    help="each step takes the loss at one block count drawn from --num-steps "
                    "and these (uniformly, seeded): the expected loss of --extra-depths at one "
                    "depth's cost per step on average")
-    p.add_argument("--steps", type=_positive_int, help=f"optimiser steps (default {b.steps})")
-    p.add_argument("--batch-size", type=_positive_int,
+    p.add_argument("--steps", type=positive_int, help=f"optimiser steps (default {b.steps})")
+    p.add_argument("--batch-size", type=positive_int,
                    help=f"sequences per step (default {b.batch_size})")
-    p.add_argument("--lr", type=_positive_float, help=f"peak learning rate (default {b.lr:g})")
-    p.add_argument("--warmup", type=_nonnegative_int,
+    p.add_argument("--lr", type=positive_float, help=f"peak learning rate (default {b.lr:g})")
+    p.add_argument("--warmup", type=nonnegative_int,
                    help=f"warm-up steps (default {b.warmup})")
     p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
-    p.add_argument("--eval-every", type=_nonnegative_int,
+    p.add_argument("--eval-every", type=nonnegative_int,
                    help=f"validation period (default {b.eval_every}; 0: no validation)")
-    p.add_argument("--checkpoint-every", type=_nonnegative_int,
+    p.add_argument("--checkpoint-every", type=nonnegative_int,
                    help=f"checkpoint period in steps (default {b.checkpoint_every}; 0: only "
                    "at the end)")
     p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
@@ -212,7 +208,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               "smaller --lr or --duration)", file=sys.stderr)
         return runtime.EXIT_FAILED
     return runtime.EXIT_OK
-
-
-# former names (svflow_jax.training.cli)
-add_train_parser, run_train = add_parser, run

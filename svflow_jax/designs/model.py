@@ -81,7 +81,9 @@ from svflow_jax.flow import (
 )
 from svflow_jax.transformer import TransformerConfig, TransformerLM
 
-from .design import LayerDesign, get_design, integrate
+from ..solvers import catalogue
+from ..solvers.catalogue import Method
+from .design import integrate
 
 __all__ = ["DesignConfig", "SolverLM", "Update", "Weights"]
 
@@ -94,8 +96,8 @@ class DesignConfig:
     """Everything that fixes a :class:`SolverLM` (weights aside).
 
     Attributes:
-        design: a registered design name (see :data:`~svflow_jax.designs.DESIGNS`),
-            ``package.module:Attr``, or a :class:`LayerDesign`.
+        design: a registered design name (see :data:`~svflow_jax.solvers.catalogue.CATALOGUE`),
+            ``package.module:Attr``, or a :class:`~svflow_jax.solvers.catalogue.Method`.
         vocab_size: tokens (256 for bytes).
         context: the longest sequence (learned absolute positions).
         d_model, n_heads, d_head, d_ff: widths, as in a Transformer.
@@ -113,7 +115,7 @@ class DesignConfig:
         remat: rematerialise every block in the backward pass.
     """
 
-    design: str | LayerDesign = "euler"
+    design: str | Method = "euler"
     vocab_size: int = 256
     context: int = 64
     d_model: int = 64
@@ -147,7 +149,8 @@ class DesignConfig:
             raise ValueError(f"duration must be a finite positive number, got {self.duration!r}")
         if self.norm_position not in ("post", "pre"):
             raise ValueError(f"norm_position must be 'post' or 'pre', got {self.norm_position!r}")
-        get_design(self.design).solver_for(self.norm_position)  # unknown design / no pre-norm
+        # an unknown design, or one without a pre-norm form
+        catalogue.get(self.design, what="design").solver_for(self.norm_position)
         if self.update not in ("residual", "ngpt"):
             raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
         if self.embed_norm and self.norm_position != "pre":
@@ -158,8 +161,8 @@ class DesignConfig:
                              "needs norm_position='post'")
 
     @property
-    def layer_design(self) -> LayerDesign:
-        return get_design(self.design)
+    def layer_design(self) -> Method:
+        return catalogue.get(self.design, what="design")
 
     @property
     def radius(self) -> float:
