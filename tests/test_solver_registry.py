@@ -237,7 +237,7 @@ def test_a_factory_that_exits_is_an_error(tmp_path, monkeypatch):
 
 def test_a_registered_method_is_known_to_every_command(capsys):
     """Registered once, a method is an order claim of verify, a design of train (and listed by
-    --list-designs), a scheme of inspect and a solver of sweep."""
+    --list-methods), a scheme of inspect and a solver of sweep."""
     from svflow_jax import cli
     from svflow_jax.claims import select
     from svflow_jax.designs import DesignConfig
@@ -246,7 +246,7 @@ def test_a_registered_method_is_known_to_every_command(capsys):
                                              description="Ralston, retracted"))
     try:
         assert "order/test-ralston" in [c.name for c in select(["order/"])]
-        assert cli.main(["train", "--list-designs"]) == 0
+        assert cli.main(["train", "--list-methods"]) == 0
         assert ("test-ralston       order 2, parallel block, post- and pre-norm: Ralston, "
                 "retracted") in capsys.readouterr().out
         assert DesignConfig(design="test-ralston", norm_position="pre").layer_design is method
@@ -255,12 +255,12 @@ def test_a_registered_method_is_known_to_every_command(capsys):
         assert catalogue.get("test-ralston") is method  # what sweep resolves
     finally:
         CATALOGUE.pop("test-ralston", None)
-    with pytest.raises(ValueError, match="unknown schemes"):
+    with pytest.raises(ValueError, match="schemes: unknown methods"):
         inspection.InspectOptions(schemes=("test-ralston",))
 
 
 def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
-    """``svflow sweep --solvers my_solvers:SSPRK3`` from the folder holding my_solvers.py, with
+    """``svflow sweep --methods my_solvers:SSPRK3`` from the folder holding my_solvers.py, with
     the folder not on PYTHONPATH and not put on sys.path by Python (``-P``, as a console
     script): the module is found and its order (3, from the tableau) is measured; and
     ``--no-compile-cache`` writes nothing to the cache ``$JAX_COMPILATION_CACHE_DIR`` names."""
@@ -274,7 +274,7 @@ def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache))
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--solvers", "my_solvers:SSPRK3",
+        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--methods", "my_solvers:SSPRK3",
          "--steps", "8", "64", "--num-sizes", "4", "--repeats", "1", "--tokens", "4",
          "--dim", "4", "--no-compile-cache", "--no-progress", "--out", "out"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -288,7 +288,7 @@ def test_sweep_refuses_a_factory_that_exits(tmp_path):
     (tmp_path / "my_solvers.py").write_text("def SSPRK3():\n    raise SystemExit(0)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--solvers", "my_solvers:SSPRK3",
+        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--methods", "my_solvers:SSPRK3",
          "--no-compile-cache", "--no-progress", "--out", "out"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -297,7 +297,7 @@ def test_sweep_refuses_a_factory_that_exits(tmp_path):
 
 
 def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch):
-    """``svflow train --design my_designs:SSPRK3``: the same resolver as sweep, the current
+    """``svflow train --method my_designs:SSPRK3``: the same resolver as sweep, the current
     folder first (not on sys.path before, not left on it after)."""
     from svflow_jax import cli
     from svflow_jax.cli.train import config_from_args
@@ -310,7 +310,7 @@ def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "my_designs", raising=False)
     assert str(tmp_path) not in sys.path and "" not in sys.path[:1]
-    args = cli.build_parser().parse_args(["train", "--design", "my_designs:SSPRK3"])
+    args = cli.build_parser().parse_args(["train", "--method", "my_designs:SSPRK3"])
     design = config_from_args(args).model.layer_design
     assert (design.name, design.order, design.evaluations_per_step) == (
         "my_designs:SSPRK3", 3, 3)

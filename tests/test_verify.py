@@ -32,8 +32,8 @@ BAD_OPTIONS = [
     (["sweep", "--num-sizes", "2"], "num-sizes"),
     (["sweep", "--steps", "6", "4"], "FIRST < LAST"),
     (["sweep", "--steps", "4", "6", "--num-sizes", "8"], "do not fit"),
-    (["sweep", "--solvers", "nonsense"], "nonsense"),
-    (["sweep", "--solvers", "no_such_module:Thing"], "no_such_module"),
+    (["sweep", "--methods", "nonsense"], "nonsense"),
+    (["sweep", "--methods", "no_such_module:Thing"], "no_such_module"),
     (["inspect", "smollm2-135m-instruct", "--window", "1"],
      "argument --window: must be a whole number >= 2, got '1'"),
     (["inspect", "smollm2-135m-instruct", "--substeps", "2", "1"],
@@ -95,7 +95,7 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     (tmp_path / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "sweep"
-    argv = ["sweep", "--solvers", "my_layers:RALSTON", "euler", "--steps", "16", "256",
+    argv = ["sweep", "--methods", "my_layers:RALSTON", "euler", "--steps", "16", "256",
             "--num-sizes", "5", "--tokens", "4", "--dim", "8", "--repeats", "1",
             "--no-progress", "--out", str(out)]
     assert cli.main(argv) == 0
@@ -109,6 +109,30 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     wrong[2] = "my_layers:WRONG"
     wrong[-1] = str(tmp_path / "wrong")
     assert cli.main(wrong) == 1
+
+
+def test_verify_adds_the_order_claim_of_a_users_method(tmp_path, monkeypatch, capsys):
+    """``svflow verify --methods my_layers:RALSTON`` from the folder holding the README's
+    module: the claim ``order/ralston`` is added, listed, run and reported; a name that clashes
+    with a registered claim is refused."""
+    (tmp_path / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    assert cli.main(["verify", "--methods", "my_layers:RALSTON", "--list"]) == 0
+    assert "order/ralston" in capsys.readouterr().out
+    argv = ["verify", "--quick", "--methods", "my_layers:RALSTON", "--only", "order/ralston",
+            "--no-progress", "--out", "out"]
+    assert cli.main(argv) == 0
+    [claim] = json.loads((tmp_path / "out" / "summary.json").read_text())["claims"]
+    assert (claim["name"], claim["passed"], claim["headline"]) == (
+        "order/ralston", True, "fitted_order")
+    assert "| `order/ralston` |" in (tmp_path / "out" / "report.md").read_text()
+    (tmp_path / "my_layers.py").write_text(
+        textwrap.dedent(USER_SOLVER) + 'RK4 = Method("rk4", RALSTON.solver, order=2)\n')
+    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    with pytest.raises(SystemExit, match="^2$"):
+        cli.main(["verify", "--methods", "my_layers:RK4", "--list"])
+    assert "two claims are named 'order/rk4'" in capsys.readouterr().err
 
 
 def _run_cli(args, env_extra=None, timeout=600):

@@ -39,7 +39,7 @@ from .core import (
     run_claims,
     select,
 )
-from .orders import solver_sweep
+from .orders import order_claim, solver_sweep
 
 __all__ = [
     "QUICK",
@@ -52,6 +52,7 @@ __all__ = [
     "claim",
     "claim_family",
     "get",
+    "order_claim",
     "run_claims",
     "select",
     "solver_sweep",

@@ -236,19 +236,26 @@ def get(name: str) -> Claim:
     return claims[name]
 
 
-def select(patterns: Iterable[str] | None = None) -> list[Claim]:
-    """The registered claims whose name starts with one of ``patterns`` (all when ``None``).
+def select(patterns: Iterable[str] | None = None, extra: Iterable[Claim] = ()) -> list[Claim]:
+    """The registered claims, and ``extra``, whose name starts with one of ``patterns`` (all
+    when ``None``).
 
     Args:
         patterns: name prefixes, e.g. ``["exactness/", "order/rk4"]``.
+        extra: claims not in the registry, after the registered ones (``svflow verify
+            --methods``: the order claims of a user's methods).
 
     Returns:
-        The matching claims, in registry order.
+        The matching claims, in registry order, then ``extra``'s.
 
     Raises:
-        ValueError: a pattern matches no claim.
+        ValueError: a pattern matches no claim, or two claims have one name.
     """
     claims = list(all_claims().values())
+    for c in extra:
+        if any(c.name == other.name for other in claims):
+            raise ValueError(f"two claims are named {c.name!r}")
+        claims.append(c)
     if patterns is None:
         return claims
     patterns = list(patterns)

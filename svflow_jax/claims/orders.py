@@ -36,7 +36,7 @@ from .measure import (
 )
 from .problem import ANCHORS, reference, test_problem
 
-__all__ = ["solver_sweep", "sweep_counts", "drift_rows"]
+__all__ = ["order_claim", "solver_sweep", "sweep_counts", "drift_rows"]
 
 
 def _in_run_dtype(ctx: Context):
@@ -112,17 +112,24 @@ def solver_sweep(
                     headline="fitted_order")
 
 
+def order_claim(spec: Method) -> Claim:
+    """The claim ``order/<name>`` of a single-field method: its order on the smooth flow, on the
+    sphere. Every method of the catalogue has one; ``svflow verify --methods
+    package.module:Attr`` adds one for a user's method."""
+    if spec.is_splitting or spec.order is None:
+        raise ValueError(f"method {spec.name!r}: an order claim takes a single-field method of "
+                         "known order (a splitting's claim is splitting/<name>: register it)")
+    return Claim(f"order/{spec.name}", "orders",
+                 f"{spec.description or spec.name}: global error O(h^{spec.order}) "
+                 "on the smooth flow, on the sphere.",
+                 lambda ctx: _shared_sweep(ctx, spec))
+
+
 @claim_family
 def _solver_claims() -> list[Claim]:
     """``order/<name>`` for every single-field method of the catalogue (a user's registered
     method too)."""
-    def make(spec: Method) -> Claim:
-        return Claim(f"order/{spec.name}", "orders",
-                     f"{spec.description or spec.name}: global error O(h^{spec.order}) "
-                     "on the smooth flow, on the sphere.",
-                     lambda ctx: _shared_sweep(ctx, spec))
-
-    return [make(spec) for spec in _catalogue.methods(splitting=False)]
+    return [order_claim(spec) for spec in _catalogue.methods(splitting=False)]
 
 
 def _shared_sweep(ctx: Context, spec: Method) -> Evidence:

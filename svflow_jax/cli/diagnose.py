@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from . import runtime
-from .common import add_run_options, check_model, subcommand
+from .common import add_run_options, check_model, option_error, subcommand
 from .types import fraction, int_at_least, positive_float, seed
 
 __all__ = ["add_parser", "run"]
@@ -84,7 +84,7 @@ def _config(args: argparse.Namespace):
     try:
         return StudyConfig(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
-        raise runtime.UsageError(str(err).replace("_", "-")) from None
+        raise option_error(err, OPTIONS) from None
 
 
 def _save_data(path: Path, data) -> None:

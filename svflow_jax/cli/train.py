@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from . import runtime
-from .common import add_run_options, subcommand
+from .common import add_run_options, resolve_methods, subcommand
 from .types import nonnegative_int, positive_float, positive_int, seed
 
 __all__ = ["add_parser", "run", "config_from_args", "MAX_WIDTH"]
@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subcommand(
         subparsers, "train", help="train a solver as a Transformer layer design (optax, resumable)",
         description="Builds a causal language model whose stack is a solver (a layer design: "
-        "a method of the solver catalogue, listed by --list-designs, or "
+        "--method, a method of the solver catalogue, listed by --list-methods, or "
         "package.module:Attr naming a Method, a solver or a diffrax.ButcherTableau, the "
         "current folder searched first) "
         "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
@@ -44,7 +44,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from ..training.tasks import TASKS
 
     m, b = argparse.Namespace(**MODEL), argparse.Namespace(**BASELINE)
-    p.add_argument("--design", help=f"layer design (default {m.design})")
+    p.add_argument("--method", dest="design", metavar="METHOD",
+                   help="the layer design: a method of the solver catalogue or "
+                   f"package.module:Attr (default {m.design})")
     p.add_argument("--task", choices=list(TASKS),
                    help="austen: byte-level LM on Jane Austen, bits per character on "
                    "Persuasion (default); recall: two-hop associative recall, recall1: one-hop "
@@ -98,10 +100,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"checkpoint period in steps (default {b.checkpoint_every}; 0: only "
                    "at the end)")
     p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
-                   help="resuming on another device count or an edited --design module: "
+                   help="resuming on another device count or an edited --method module: "
                    "refuse (default) or warn and continue")
-    add_run_options(p, "train-<design>", cache=False)
-    p.add_argument("--list-designs", action="store_true", help="list the designs and exit")
+    add_run_options(p, "train-<method>", cache=False)
+    p.add_argument("--list-methods", action="store_true",
+                   help="list the methods of the solver catalogue and exit")
     p.set_defaults(run=run)
     return p
 
@@ -156,13 +159,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The handler: validate (exit 2 on bad options), train, write ``final.json``."""
     from ..solvers import catalogue
 
-    if args.list_designs:
+    if args.list_methods:
         for m in catalogue.methods():
             forms = "post- and pre-norm" if m.ambient is not None else "post-norm only"
             print(f"{m.name:18s} order {m.order}, {m.block} block, {forms}: {m.description}")
         return runtime.EXIT_OK
     if args.config is not None and not Path(args.config).is_file():
         raise runtime.UsageError(f"--config: no such file {args.config}")
+    if args.design is not None:
+        resolve_methods([args.design], "--method")
     try:
         config = config_from_args(args)
     except (ValueError, TypeError, KeyError) as err:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -42,7 +42,7 @@ from ..transformer import TransformerConfig, TransformerLM, layer_params
 from ..transformer.lens import final_logits
 
 __all__ = ["OUTPUT_MAPS", "AlphaOptions", "QUICK_ALPHA", "sweep_scheme_names", "scale_updates",
-           "scale_field", "scheme_states", "final_scores", "alpha_sweep"]
+           "scale_field", "scheme_states", "final_scores", "unknown_methods", "alpha_sweep"]
 
 #: The parameters each branch's output is linear in (layer-stacked, leading axis L).
 OUTPUT_MAPS = ("wo", "bo", "w_down", "b_down", "w_out", "b_out")
@@ -53,8 +53,8 @@ class AlphaOptions:
 
     Attributes:
         alphas: global step multipliers, for every scheme (must include 1).
-        schemes: ``euler`` (the model's own scheme) and methods of the solver catalogue with a
-            step in ``R^d`` (:func:`sweep_scheme_names`).
+        schemes: ``euler`` (the model's own scheme) and methods with a step in ``R^d``: names
+            of the solver catalogue (:func:`sweep_scheme_names`) or ``package.module:Attr``.
         layer_alphas: multipliers applied to one layer at a time (Euler; 0 removes the layer).
         profiles: slopes ``a`` of the linear profiles ``1 + a (2 l / (L - 1) - 1)`` (Euler).
         windows: how many of the given text windows the sweep reads (the first ones; it
@@ -77,14 +77,38 @@ class AlphaOptions:
                if not (isinstance(a, int | float) and 0 <= a <= 10)]
         if bad:
             raise ValueError(f"alphas must be numbers in [0, 10], got {bad}")
-        unknown = [s for s in self.schemes if s not in sweep_scheme_names()]
+        unknown = unknown_methods(self.schemes, sweep_scheme_names(), splittings=True)
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {sweep_scheme_names()}")
+            raise ValueError(f"schemes: unknown methods {unknown}; known: "
+                             f"{sweep_scheme_names()}, or package.module:Attr of a method with "
+                             "a step in R^d")
 
 
 def sweep_scheme_names() -> list[str]:
     """``euler`` and every method of the solver catalogue with a step in ``R^d``."""
     return ["euler", *[n for n in catalogue.names(ambient=True) if n != "euler"]]
+
+
+def unknown_methods(names: Sequence[str], known: Sequence[str], *, splittings: bool
+                    ) -> list[str]:
+    """The names of ``names`` that are neither in ``known`` nor an import path
+    ``package.module:Attr`` (:func:`svflow_jax.solvers.catalogue.get`, the current folder
+    searched first) of a method with a step in ``R^d`` (a single-field one unless
+    ``splittings``). An import path that cannot be resolved raises its ``ValueError``, after
+    ``"schemes: "`` (the field of the options that hold such names)."""
+    out = []
+    for name in names:
+        if name in known:
+            continue
+        if isinstance(name, str) and ":" in name:
+            try:
+                method = catalogue.get(name)
+            except ValueError as err:
+                raise ValueError(f"schemes: {err}") from None
+            if method.ambient is not None and (splittings or not method.is_splitting):
+                continue
+        out.append(name)
+    return out
 
 
 QUICK_ALPHA = AlphaOptions(alphas=(0.5, 1.0, 1.5), schemes=("euler", "heun", "rk4"),

@@ -47,7 +47,7 @@ from ..claims.core import ClaimResult, Evidence
 from ..solvers import catalogue
 from ..transformer import TransformerConfig, TransformerLM, layer_params
 from ..transformer.lens import decompose_logits, logit_lens
-from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep, final_scores
+from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep, final_scores, unknown_methods
 
 __all__ = [
     "InspectOptions",
@@ -84,7 +84,8 @@ class InspectOptions:
         windows: number of consecutive text windows.
         window: tokens per window (the next-token loss scores ``window`` predictions).
         substeps: Euler sub-steps per layer of the refinement study (each > 1).
-        schemes: higher-order methods of the refinement study (:func:`scheme_names`).
+        schemes: higher-order methods of the refinement study: names of :func:`scheme_names`
+            or ``package.module:Attr`` of a single-field method with a step in ``R^d``.
         exactness_tokens: tokens of the exactness check (float64 and float32).
         alpha: the grid of the step-size sweep (:mod:`.alpha_sweep`); ``None`` skips
             it.
@@ -109,9 +110,10 @@ class InspectOptions:
             raise ValueError(f"window must be >= 2 tokens, got {self.window}")
         if any(isinstance(m, bool) or not isinstance(m, int) or m < 2 for m in self.substeps):
             raise ValueError(f"substeps must be integers >= 2, got {self.substeps}")
-        unknown = [s for s in self.schemes if s not in scheme_names()]
+        unknown = unknown_methods(self.schemes, scheme_names(), splittings=False)
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {scheme_names()}")
+            raise ValueError(f"schemes: unknown methods {unknown}; known: {scheme_names()}, or "
+                             "package.module:Attr of a single-field method with a step in R^d")
 
 
 def resolve_model(model: str | Path) -> LoadedModel:
