@@ -105,6 +105,20 @@ def _suite_compilation_cache():
         compilation_cache.reset_cache()
 
 
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """``tmp_path`` as the current folder, where a test writes a user's module (``svflow ...
+    --methods my_layers:NAME`` looks there first); the modules imported from it are forgotten
+    afterwards, so another test's module of the same name is read afresh."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct in float32, read once per worker (its tests share one group)."""

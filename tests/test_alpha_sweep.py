@@ -126,5 +126,5 @@ def test_sweep_rows_and_the_layers_that_matter():
     assert res.figures["layers_that_matter_most"] == [r["layer"] for r in ranked]
     with pytest.raises(ValueError, match="must include 1"):
         AlphaOptions(alphas=(0.5,))
-    with pytest.raises(ValueError, match="unknown schemes"):
+    with pytest.raises(ValueError, match="schemes: unknown methods"):
         AlphaOptions(schemes=("nope",))

@@ -300,28 +300,25 @@ SSPRK3 = diffrax.ButcherTableau(c=np.array([1.0, 0.5]),
 GOLDEN_LLAMA = os.path.join(os.path.dirname(__file__), "golden", "llama_gqa_tied")
 
 
-def test_inspect_takes_a_users_method_for_both_its_method_options(tmp_path, monkeypatch):
+def test_inspect_takes_a_users_method_for_both_its_method_options(user_folder):
     """``--methods`` and ``--alpha-methods`` take ``package.module:Attr`` from the current
     folder, as sweep and train do: a tiny golden model, one window of 8 tokens."""
-    (tmp_path / "my_layers.py").write_text(MY_LAYERS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    (user_folder / "my_layers.py").write_text(MY_LAYERS)
     assert exit_code(["inspect", GOLDEN_LLAMA, "--quick", "--window", "8", "--substeps", "2",
                       "--exactness-tokens", "4", "--methods", "my_layers:SSPRK3",
                       "--alpha-methods", "euler", "my_layers:SSPRK3", "--alphas", "1",
                       "--layer-alphas", "--no-progress", "--out", "out"]) == runtime.EXIT_OK
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((user_folder / "out" / "summary.json").read_text())
     assert summary["options"]["schemes"] == ["my_layers:SSPRK3"]
     results = {r["name"]: r for r in summary["results"]}
     assert "my_layers:SSPRK3 x1" in {r.get("scheme") for r in results["refinement"]["rows"]}
     assert {r["scheme"] for r in results["alpha-sweep"]["rows"]} == {"euler", "my_layers:SSPRK3"}
 
 
-def test_user_values_appear_verbatim_in_messages(tmp_path, monkeypatch, capsys):
+def test_user_values_appear_verbatim_in_messages(user_folder, capsys):
     """A name the user gave is quoted as given (``my_layers``, not ``my-layers``); only the
     options' own field names are written as options."""
-    monkeypatch.chdir(tmp_path)  # holds no my_layers.py
-    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    assert not (user_folder / "my_layers.py").exists()
     refused(["inspect", "smollm2-135m-instruct", "--methods", "my_layers"],
             "--methods: unknown methods ['my_layers']", capsys)
     refused(["inspect", "smollm2-135m-instruct", "--alpha-methods", "my_layers:NOPE"],

@@ -111,25 +111,23 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     assert cli.main(wrong) == 1
 
 
-def test_verify_adds_the_order_claim_of_a_users_method(tmp_path, monkeypatch, capsys):
+def test_verify_adds_the_order_claim_of_a_users_method(user_folder, capsys):
     """``svflow verify --methods my_layers:RALSTON`` from the folder holding the README's
     module: the claim ``order/ralston`` is added, listed, run and reported; a name that clashes
     with a registered claim is refused."""
-    (tmp_path / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    (user_folder / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
     assert cli.main(["verify", "--methods", "my_layers:RALSTON", "--list"]) == 0
     assert "order/ralston" in capsys.readouterr().out
     argv = ["verify", "--quick", "--methods", "my_layers:RALSTON", "--only", "order/ralston",
             "--no-progress", "--out", "out"]
     assert cli.main(argv) == 0
-    [claim] = json.loads((tmp_path / "out" / "summary.json").read_text())["claims"]
+    [claim] = json.loads((user_folder / "out" / "summary.json").read_text())["claims"]
     assert (claim["name"], claim["passed"], claim["headline"]) == (
         "order/ralston", True, "fitted_order")
-    assert "| `order/ralston` |" in (tmp_path / "out" / "report.md").read_text()
-    (tmp_path / "my_layers.py").write_text(
+    assert "| `order/ralston` |" in (user_folder / "out" / "report.md").read_text()
+    (user_folder / "my_layers.py").write_text(
         textwrap.dedent(USER_SOLVER) + 'RK4 = Method("rk4", RALSTON.solver, order=2)\n')
-    monkeypatch.delitem(sys.modules, "my_layers", raising=False)
+    sys.modules.pop("my_layers")  # read the edited module
     with pytest.raises(SystemExit, match="^2$"):
         cli.main(["verify", "--methods", "my_layers:RK4", "--list"])
     assert "two claims are named 'order/rk4'" in capsys.readouterr().err
