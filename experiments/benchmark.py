@@ -16,7 +16,7 @@ depth:
       ``H = 4`` heads of width ``d / 4``, ``d_ff = 4 d``, residual step ``h = 1 / L``: exactly
       ``L`` retracted forward-Euler steps of the SVFlow.
 (ii)  ``diffrax``: ``diffrax.diffeqsolve`` of the same flow
-      (:func:`svflow_jax.correspondence.to_flow`), ``LieTrotter(RetractedEuler())`` on
+      (:func:`svflow_jax.bridge.correspondence.to_flow`), ``LieTrotter(RetractedEuler())`` on
       ``MultiTerm(ODETerm(attention), ODETerm(experts))``, ``StepTo`` on the layer grid,
       ``SaveAt(t1=True)``; input normalised to the unit sphere, output scaled back by
       ``sqrt(d)``.
@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int
+from svflow_jax.cli.types import nonnegative_int, positive_float, positive_int
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,7 +128,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from svflow_jax import sphere  # noqa: E402
-from svflow_jax.correspondence import LayerFlow, to_flow  # noqa: E402
+from svflow_jax.bridge.correspondence import LayerFlow, to_flow  # noqa: E402
 from svflow_jax.environment import environment  # noqa: E402
 from svflow_jax.solvers import LieTrotter, RetractedEuler  # noqa: E402
 from svflow_jax.transformer import Transformer, TransformerConfig, layer_params  # noqa: E402

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from svflow_jax.cli_types import nonnegative_int, positive_float, positive_int  # noqa: E402
+from svflow_jax.cli.types import nonnegative_int, positive_float, positive_int  # noqa: E402
 
 #: size name -> (d_model, layers, heads); d_head 16, d_ff 2 d
 SIZES = {"d32-L1": (32, 1, 2), "d64-L2": (64, 2, 4), "d96-L3": (96, 3, 6)}

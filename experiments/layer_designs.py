@@ -90,7 +90,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svflow_jax.atomic import write_json, write_text  # noqa: E402
-from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX: flags are set in main)
+from svflow_jax.cli.types import positive_int  # noqa: E402 (no JAX: flags are set in main)
 
 DEFAULT = dict(
     designs=["euler", "heun", "midpoint", "rk4", "geodesic-euler", "crouch-grossman3",
@@ -124,13 +124,13 @@ def arms(s) -> list[str]:
     """``"<design> <norm>"`` for every design and norm of ``s["norms"]`` it has: ``post``
     (on the sphere), ``pre`` (the rotation and geodesic designs have no pre-norm form) or
     ``ngpt`` (nGPT's normalised step on the sphere, :func:`arm_model`)."""
-    from svflow_jax.designs import get_design
+    from svflow_jax.solvers import catalogue
 
     out = []
     for design in s["designs"]:
         for norm in s["norms"]:
             try:
-                get_design(design).solver_for("post" if norm == "ngpt" else norm)
+                catalogue.get(design).solver_for("post" if norm == "ngpt" else norm)
             except ValueError:
                 continue
             out.append(f"{design} {norm}")
@@ -233,12 +233,12 @@ def main(argv=None) -> int:
     from svflow_jax.xla_settings import use_project_flags
 
     use_project_flags(quick=args.quick)  # before JAX starts; a user's XLA_FLAGS win
-    from svflow_jax.designs import get_design
+    from svflow_jax.solvers import catalogue
 
     s = settings(args)
     try:  # before anything is written or compiled
         for name in s["designs"]:
-            get_design(name)
+            catalogue.get(name, what="design")
     except ValueError as err:
         print(f"{Path(__file__).name}: error: --designs: {err}", file=sys.stderr)
         return 2
@@ -418,7 +418,8 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
     Chebyshev weights, trained at one depth and at two, then: validation at ``factors`` times
     the blocks, and the Richardson ratios of its final states at ``multiples`` (``2^p`` for a
     discretisation of order ``p``). Writes ``results.json`` and ``report.md`` in ``out``."""
-    from svflow_jax.designs import DesignConfig, get_design
+    from svflow_jax.designs import DesignConfig
+    from svflow_jax.solvers import catalogue
     from svflow_jax.training import TrainConfig
     from svflow_jax.training.compare import equal_compute_steps, interval, run_design
 
@@ -466,7 +467,7 @@ def run_depth(out: Path, s: dict, d: dict, *, progress: bool = True) -> dict:
             ratios = np.array([r["richardson"]["ratios"] for r in seeds])
             rows.append({"design": design, "arm": arm, "blocks": plan[design],
                          "parameters": seeds[0]["parameters"],
-                         "order": get_design(design).order, "val_bpc": at,
+                         "order": catalogue.get(design).order, "val_bpc": at,
                          "change_percent": change,
                          "richardson_ratios": [interval(ratios[:, j])
                                                for j in range(ratios.shape[1])],
@@ -995,7 +996,7 @@ def _recipe_report(out: Path, results: dict) -> None:
 def _refinement_lines(results: dict) -> list[str]:
     """The table of the arms with weights continuous in depth, run at other numbers of
     blocks (:func:`refinement`); none when no arm has them."""
-    from svflow_jax.designs import get_design
+    from svflow_jax.solvers import catalogue
 
     arms = [row for row in results["arms"] if row.get("refinement")]
     if not arms:
@@ -1012,8 +1013,8 @@ def _refinement_lines(results: dict) -> list[str]:
         "Richardson ratios (`2^p`) |", "|---|---|---|---|"]
     settings = results["settings"]
     for row in arms:
-        order = get_design(settings["arms"][row["arm"]]["model"].get(
-            "design", settings["recipe"]["model"]["design"])).expected_order
+        order = catalogue.get(settings["arms"][row["arm"]]["model"].get(
+            "design", settings["recipe"]["model"]["design"])).order
         for seed, r in row["refinement"].items():
             other = "; ".join(f"{t['num_steps']}: {t['bpc']:.3f} "
                               f"({100 * (t['bpc'] / r['val_bpc'] - 1):+.1f}%)"

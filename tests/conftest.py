@@ -17,7 +17,7 @@ The tests' problems are small, so their time is mostly XLA compilation:
   ``SVFLOW_CACHE_DIR``, the folder the ``svflow`` commands open), so the xdist workers, the
   scripts and commands the tests start, the notebook kernels and the docs build all share it.
   Its size is bounded once per test run, at the start, by
-  :func:`svflow_jax.verify.prune_cache` (at most 2 GiB, the programs used longest ago go
+  :func:`svflow_jax.xla_settings.prune_cache` (at most 2 GiB, the programs used longest ago go
   first), and not by jax:
   jax's bound (``jax_compilation_cache_max_size``) lists and reads the whole folder each time it
   writes a program, under a lock every process waits on (0.3-0.6 s per program at 8500
@@ -105,6 +105,20 @@ def _suite_compilation_cache():
         compilation_cache.reset_cache()
 
 
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """``tmp_path`` as the current folder, where a test writes a user's module (``svflow ...
+    --methods my_layers:NAME`` looks there first); the modules imported from it are forgotten
+    afterwards, so another test's module of the same name is read afresh."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct in float32, read once per worker (its tests share one group)."""
@@ -167,12 +181,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Trims the suite's compilation cache (:func:`svflow_jax.verify.prune_cache`), once per
+    """Trims the suite's compilation cache (:func:`svflow_jax.xla_settings.prune_cache`), once per
     run: in the controller, before any worker starts."""
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if (folder and folder == _cache and not hasattr(session.config, "workerinput")
             and Path(folder).is_dir()):
-        from svflow_jax.verify import prune_cache
+        from svflow_jax.xla_settings import prune_cache
 
         prune_cache(folder)
 
@@ -180,7 +194,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # What each test spent, per phase report: wall seconds (pytest's ``duration``), and from the
 # process that ran it (a worker) its CPU seconds, the CPU seconds of the child processes it
 # waited for (commands, scripts, notebook kernels, the docs build), and jax's tracing, lowering,
-# compiling and cache-loading seconds in that process (svflow_jax.verify.compile_stats). The
+# compiling and cache-loading seconds in that process (svflow_jax.xla_settings.compile_stats). The
 # worker attaches them to its reports (pytest_runtest_makereport); xdist sends them to the
 # controller, which sums them per test (pytest_runtest_logreport).
 COSTS = ("seconds", "cpu_s", "children_cpu_s", "trace_s", "lower_s", "compile_s",
@@ -195,7 +209,7 @@ def _process_costs() -> dict[str, float]:
     import time
 
     if "stats" not in _process:
-        from svflow_jax.verify import compile_stats
+        from svflow_jax.xla_settings import compile_stats
 
         _process["context"] = compile_stats()  # kept: its exit would close the statistics
         _process["stats"] = _process["context"].__enter__()  # open for the process's lifetime

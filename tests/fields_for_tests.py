@@ -27,7 +27,7 @@ from jaxtyping import Array, Float
 
 from svflow_jax import sphere
 from svflow_jax.flow.paths import PiecewiseConstant
-from svflow_jax.solvers import Retracted, RetractedEuler, SolverSpec, Strang
+from svflow_jax.solvers import Method, Retracted, RetractedEuler, Strang
 
 Params = dict[str, Array]
 
@@ -152,5 +152,5 @@ class OrderlessRalston(diffrax.Ralston):
 
 
 EULER_INSTANCE = RetractedEuler()
-RALSTON_SPEC = SolverSpec("ralston", retracted_ralston, 2, 2, (4, 256), 6, "Ralston, retracted",
-                          diffrax.Ralston)
+RALSTON_METHOD = Method("ralston", retracted_ralston(), diffrax.Ralston(), None,
+                        "Ralston, retracted", order=2, cost=2, step_range=(4, 256), num_sizes=6)

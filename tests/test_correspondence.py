@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svflow_jax import correspondence, fitting
+from svflow_jax import fitting
+from svflow_jax.bridge import correspondence
 from svflow_jax.claims import Context, Options, problem
 from svflow_jax.transformer import Transformer, layer_params
 

@@ -23,16 +23,11 @@ from flax import nnx
 
 from svflow_jax import sphere
 from svflow_jax.claims.measure import exactness_tolerance
-from svflow_jax.designs import (
-    DESIGNS,
-    DesignConfig,
-    LayerDesign,
-    SolverLM,
-    evaluations,
-    from_tableau,
-    get_design,
-)
+from svflow_jax.designs import DesignConfig, SolverLM, evaluations, from_tableau
 from svflow_jax.solvers import AbstractSphereSolver, within_step
+from svflow_jax.solvers.catalogue import CATALOGUE as DESIGNS
+from svflow_jax.solvers.catalogue import Method as LayerDesign
+from svflow_jax.solvers.catalogue import get as get_design
 
 SMALL = DesignConfig(d_model=16, n_heads=2, d_head=8, d_ff=32, context=12, num_steps=3,
                      num_anchors=3, duration=3.0, init_std=0.3)

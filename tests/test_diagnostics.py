@@ -412,7 +412,6 @@ def test_scaling_the_logits_scales_the_log_attention(small_lm):
     (["--scored", "64", "--context", "64"], "scored (64) must be smaller than context (64)"),
     (["--windows", "0"], "argument --windows: must be a whole number >= 1, got '0'"),
     (["--scaling-factors", "-1"], "argument --scaling-factors: must be a finite positive"),
-    (["--model", "no-such-model"], "MODEL 'no-such-model' is neither a packaged model"),
     (["no-such-model"], "MODEL 'no-such-model' is neither a packaged model"),
     (["--text", "/no/such/file.txt"], "--text /no/such/file.txt: no such file"),
 ])

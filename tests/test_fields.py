@@ -241,7 +241,7 @@ def test_transformer_moe_and_flow_route_ties_alike(top_k):
     give the same output on tokens whose router logits tie exactly at the k-th place."""
     from flax import nnx
 
-    from svflow_jax import correspondence
+    from svflow_jax.bridge import correspondence
     from svflow_jax.transformer import Transformer, TransformerConfig, layer_params
 
     d = 8

@@ -210,8 +210,7 @@ def test_macaron_blocks_are_read_by_the_objective_and_the_diagnostics(tiny):
 
 def test_one_check_of_what_the_bridge_reads():
     """The diagnostics, the objective and the correspondence ask the same function."""
-    from svflow_jax import correspondence
-    from svflow_jax.bridge import readout
+    from svflow_jax.bridge import correspondence, readout
     from svflow_jax.diagnose import extract
     from svflow_jax.objective import bridge
 

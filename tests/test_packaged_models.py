@@ -34,7 +34,8 @@ from flax import nnx
 from models_for_tests import fetch_or_skip
 from scripts_for_tests import ROOT, users_env
 
-from svflow_jax import checkpoints, packaged
+from svflow_jax import checkpoints
+from svflow_jax.checkpoints import packaged
 from svflow_jax.claims.measure import C_FLOAT32, exactness_tolerance
 from svflow_jax.data import emma_opening
 

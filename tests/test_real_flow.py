@@ -27,16 +27,17 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models_for_tests import GOLDEN_DECODERS as DECODERS
 
-from svflow_jax import correspondence, inspection
+from svflow_jax.bridge import correspondence
 from svflow_jax.checkpoints import load_hf
 from svflow_jax.claims.measure import C_FLOAT32, exactness_tolerance
 from svflow_jax.flow import AttentionField, ExpertsField, PiecewiseConstant
+from svflow_jax.inspection import study as inspection
 from svflow_jax.solvers import WithinStep
 from svflow_jax.transformer import layer_params
 
 GOLDEN = Path(__file__).parent / "golden"
-DECODERS = ["llama_gqa_tied", "llama3_rope", "qwen2", "qwen3", "gpt2", "gpt_neox", "gemma"]
 _LOADED: dict[str, object] = {}
 
 

@@ -12,25 +12,22 @@ from pathlib import Path
 import diffrax
 import numpy as np
 import pytest
-from fields_for_tests import RALSTON_SPEC, OrderlessRalston
+from fields_for_tests import RALSTON_METHOD, OrderlessRalston
 
-from svflow_jax import designs, inspection, solvers
+from svflow_jax import inspection
 from svflow_jax.solvers import (
     CATALOGUE,
     RKMK4,
-    SOLVERS,
     CrouchGrossman3,
     GeodesicEuler,
     LieTrotter,
     Method,
     Retracted,
     RetractedEuler,
-    SolverSpec,
     Strang,
     WithinStep,
     catalogue,
     count_evaluations,
-    get_solver,
     register,
     stays_on_sphere,
 )
@@ -84,23 +81,19 @@ def test_catalogue_table():
             assert isinstance(method.solver.solver, kind[1])
         if not method.is_splitting:
             assert method.solver.order(None) == order
-        assert (method.order, method.expected_order) == (order, order)
+        assert method.order == order
         assert (method.step_range, method.num_sizes) == (steps, sizes)
         if ambient is None:
-            assert method.ambient is None and method.unretracted is None
+            assert method.ambient is None
             with pytest.raises(ValueError, match="no pre-norm form"):
                 method.solver_for("pre")
         else:
             assert isinstance(method.ambient, ambient[0]) and not stays_on_sphere(method.ambient)
             if len(ambient) == 2:
                 assert isinstance(method.ambient.solver, ambient[1])
-            assert method.unretracted() is method.ambient is method.solver_for("pre")
-        assert method.make() is method.solver is method.solver_for("post")
+            assert method.ambient is method.solver_for("pre")
+        assert method.solver is method.solver_for("post")
         assert method.description
-    # every former table is this one
-    assert SOLVERS is CATALOGUE and designs.DESIGNS is CATALOGUE
-    assert solvers.registry.SOLVERS is CATALOGUE
-    assert designs.LayerDesign is Method and designs.register_design is register
     assert inspection.scheme_names() == ["heun", "midpoint", "rk4", "tsit5", "dopri8"]
 
 
@@ -139,21 +132,21 @@ def test_tableau_order_of_classical_rk4_and_a_first_order_tableau():
 
 
 def test_register_and_replace():
-    spec = SolverSpec("test-ralston", lambda: Retracted(diffrax.Ralston()), 2, 2)
+    method = Method("test-ralston", Retracted(diffrax.Ralston()), order=2, cost=2)
     try:
-        assert register(spec) is spec and get_solver("test-ralston") is spec
-        assert (spec.step_range, spec.num_sizes, spec.description, spec.unretracted) == (
+        assert register(method) is method and catalogue.get("test-ralston") is method
+        assert (method.step_range, method.num_sizes, method.description, method.ambient) == (
             (4, 400), 8, "", None)
         with pytest.raises(ValueError, match="already registered"):
-            register(SolverSpec("test-ralston", spec.make, 2, 2))
-        other = SolverSpec("test-ralston", spec.make, 2, 2, description="again")
-        assert register(other, replace=True) is other and SOLVERS["test-ralston"] is other
+            register(Method("test-ralston", method.solver, order=2, cost=2))
+        other = Method("test-ralston", method.solver, description="again", order=2, cost=2)
+        assert register(other, replace=True) is other and CATALOGUE["test-ralston"] is other
     finally:
-        SOLVERS.pop("test-ralston", None)
+        CATALOGUE.pop("test-ralston", None)
     with pytest.raises(ValueError, match="already registered"):
-        register(SOLVERS["euler"])
+        register(CATALOGUE["euler"])
     with pytest.raises(ValueError, match="may not contain ':'"):
-        register(SolverSpec("a:b", spec.make, 2, 2))
+        register(Method("a:b", method.solver, order=2, cost=2))
     with pytest.raises(ValueError, match="register takes a Method"):
         register("euler")
     with pytest.raises(ValueError, match="give its order"):
@@ -161,40 +154,39 @@ def test_register_and_replace():
     for bad, message in [
         (dict(step_range=(10, 4)), r"step_range must be \(first, last\) with 1 <= first < last"),
         (dict(num_sizes=0), r"'x': num_sizes must be a positive int, got 0"),
-        (dict(expected_order=1.5), r"'x': expected_order must be a positive int, got 1\.5"),
-        (dict(evaluations_per_step=True), r"'x': cost must be a positive number, got True"),
+        (dict(order=1.5), r"'x': order must be a positive int, got 1\.5"),
+        (dict(cost=True), r"'x': cost must be a positive number, got True"),
         (dict(name=""), r"name must be a non-empty string, got ''"),
     ]:
         with pytest.raises(ValueError, match=message):
-            SolverSpec(**{**dict(name="x", make=spec.make, expected_order=2,
-                                 evaluations_per_step=2), **bad})
+            Method(**{**dict(name="x", solver=method.solver, order=2, cost=2), **bad})
     with pytest.raises(TypeError, match="diffrax solver"):
         Method("x", solver="euler")
 
 
 def test_get_from_import_paths():
     # a class: order from solver.order(None), evaluations counted, description = docstring
-    method = get_solver("svflow_jax.solvers:RKMK4")
+    method = catalogue.get("svflow_jax.solvers:RKMK4")
     assert method.name == "svflow_jax.solvers:RKMK4"
-    assert (method.expected_order, method.evaluations_per_step) == (4, 4)
+    assert (method.order, method.evaluations_per_step) == (4, 4)
     assert method.description == "Runge-Kutta-Munthe-Kaas method with the classical RK4 tableau."
-    assert isinstance(method.make(), RKMK4) and method.unretracted is None
+    assert isinstance(method.solver, RKMK4) and method.ambient is None
     # a zero-argument factory of Retracted(...): its inner solver is the unretracted form
-    method = get_solver("fields_for_tests:retracted_ralston")
-    assert (method.expected_order, method.evaluations_per_step) == (2, 2)
+    method = catalogue.get("fields_for_tests:retracted_ralston")
+    assert (method.order, method.evaluations_per_step) == (2, 2)
     assert method.description == "Ralston's second-order method, retracted."
-    assert isinstance(method.unretracted(), diffrax.Ralston)
-    # a Method (SolverSpec): as is
-    assert get_solver("fields_for_tests:RALSTON_SPEC") is RALSTON_SPEC
-    assert RALSTON_SPEC.name == "ralston"
+    assert isinstance(method.ambient, diffrax.Ralston)
+    # a Method: as is
+    assert catalogue.get("fields_for_tests:RALSTON_METHOD") is RALSTON_METHOD
+    assert RALSTON_METHOD.name == "ralston"
     # an FSAL solver: Bogacki-Shampine costs 3 evaluations per step after the first (of 4)
-    method = get_solver("fields_for_tests:retracted_bosh3")
-    assert (method.expected_order, method.evaluations_per_step) == (3, 3)
+    method = catalogue.get("fields_for_tests:retracted_bosh3")
+    assert (method.order, method.evaluations_per_step) == (3, 3)
     # an instance: the description is its class's
-    method = get_solver("fields_for_tests:EULER_INSTANCE")
-    assert (method.expected_order, method.evaluations_per_step) == (1, 1)
+    method = catalogue.get("fields_for_tests:EULER_INSTANCE")
+    assert (method.order, method.evaluations_per_step) == (1, 1)
     assert method.description.startswith("Retracted forward Euler")
-    assert method.make() is method.make()
+    assert method.solver is method.solver
     # a Butcher tableau: its order from the order conditions, its cost counted
     method = catalogue.get("svflow_jax.solvers.catalogue:CLASSICAL_RK4")
     assert (method.order, method.evaluations_per_step) == (4, 4)
@@ -203,8 +195,8 @@ def test_get_from_import_paths():
 @pytest.mark.parametrize(
     "name, match",
     [
-        ("nope", "unknown solver 'nope': registered methods are euler, heun, midpoint"),
-        ("no_such_module_xyz:Thing", "cannot import solver 'no_such_module_xyz:Thing': no "
+        ("nope", "unknown method 'nope': registered methods are euler, heun, midpoint"),
+        ("no_such_module_xyz:Thing", "cannot import method 'no_such_module_xyz:Thing': no "
                                      "module 'no_such_module_xyz'"),
         ("svflow_jax.solvers:Nothing", "has no attribute"),
         (":RK4", "needs both a module and an attribute"),
@@ -218,16 +210,16 @@ def test_get_from_import_paths():
 )
 def test_get_errors(name, match):
     with pytest.raises(ValueError, match=match) as info:
-        get_solver(name)
+        catalogue.get(name)
     assert "euler" in str(info.value) and "rkmk4" in str(info.value)  # lists the registered
 
 
 def test_get_rejects_splittings_by_path_and_non_strings():
     # a splitting has no order without its terms (and needs two fields): register a Method
     with pytest.raises(ValueError, match="order cannot be read"):
-        get_solver("fields_for_tests:strang_euler")
+        catalogue.get("fields_for_tests:strang_euler")
     with pytest.raises(ValueError, match="must be a string"):
-        get_solver(RetractedEuler())
+        catalogue.get(RetractedEuler())
     assert OrderlessRalston().order(None) is None
 
 
@@ -245,7 +237,7 @@ def test_a_factory_that_exits_is_an_error(tmp_path, monkeypatch):
 
 def test_a_registered_method_is_known_to_every_command(capsys):
     """Registered once, a method is an order claim of verify, a design of train (and listed by
-    --list-designs), a scheme of inspect and a solver of sweep."""
+    --list-methods), a scheme of inspect and a solver of sweep."""
     from svflow_jax import cli
     from svflow_jax.claims import select
     from svflow_jax.designs import DesignConfig
@@ -254,21 +246,21 @@ def test_a_registered_method_is_known_to_every_command(capsys):
                                              description="Ralston, retracted"))
     try:
         assert "order/test-ralston" in [c.name for c in select(["order/"])]
-        assert cli.main(["train", "--list-designs"]) == 0
+        assert cli.main(["train", "--list-methods"]) == 0
         assert ("test-ralston       order 2, parallel block, post- and pre-norm: Ralston, "
                 "retracted") in capsys.readouterr().out
         assert DesignConfig(design="test-ralston", norm_position="pre").layer_design is method
         assert "test-ralston" in inspection.scheme_names()
         assert inspection.InspectOptions(schemes=("test-ralston",)).schemes == ("test-ralston",)
-        assert get_solver("test-ralston") is method  # what sweep resolves
+        assert catalogue.get("test-ralston") is method  # what sweep resolves
     finally:
         CATALOGUE.pop("test-ralston", None)
-    with pytest.raises(ValueError, match="unknown schemes"):
+    with pytest.raises(ValueError, match="schemes: unknown methods"):
         inspection.InspectOptions(schemes=("test-ralston",))
 
 
 def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
-    """``svflow sweep --solvers my_solvers:SSPRK3`` from the folder holding my_solvers.py, with
+    """``svflow sweep --methods my_solvers:SSPRK3`` from the folder holding my_solvers.py, with
     the folder not on PYTHONPATH and not put on sys.path by Python (``-P``, as a console
     script): the module is found and its order (3, from the tableau) is measured; and
     ``--no-compile-cache`` writes nothing to the cache ``$JAX_COMPILATION_CACHE_DIR`` names."""
@@ -282,7 +274,7 @@ def test_sweep_finds_a_users_solver_in_the_current_folder(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache))
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--solvers", "my_solvers:SSPRK3",
+        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--methods", "my_solvers:SSPRK3",
          "--steps", "8", "64", "--num-sizes", "4", "--repeats", "1", "--tokens", "4",
          "--dim", "4", "--no-compile-cache", "--no-progress", "--out", "out"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -296,7 +288,7 @@ def test_sweep_refuses_a_factory_that_exits(tmp_path):
     (tmp_path / "my_solvers.py").write_text("def SSPRK3():\n    raise SystemExit(0)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--solvers", "my_solvers:SSPRK3",
+        [sys.executable, "-P", "-m", "svflow_jax", "sweep", "--methods", "my_solvers:SSPRK3",
          "--no-compile-cache", "--no-progress", "--out", "out"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -305,7 +297,7 @@ def test_sweep_refuses_a_factory_that_exits(tmp_path):
 
 
 def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch):
-    """``svflow train --design my_designs:SSPRK3``: the same resolver as sweep, the current
+    """``svflow train --method my_designs:SSPRK3``: the same resolver as sweep, the current
     folder first (not on sys.path before, not left on it after)."""
     from svflow_jax import cli
     from svflow_jax.cli.train import config_from_args
@@ -318,7 +310,7 @@ def test_train_finds_a_users_design_in_the_current_folder(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "my_designs", raising=False)
     assert str(tmp_path) not in sys.path and "" not in sys.path[:1]
-    args = cli.build_parser().parse_args(["train", "--design", "my_designs:SSPRK3"])
+    args = cli.build_parser().parse_args(["train", "--method", "my_designs:SSPRK3"])
     design = config_from_args(args).model.layer_design
     assert (design.name, design.order, design.evaluations_per_step) == (
         "my_designs:SSPRK3", 3, 3)
@@ -341,7 +333,7 @@ def test_a_methods_evaluation_counts_are_measured_once(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(catalogue, "fixed_step_scan", counting)
-    method = dataclasses.replace(designs.get_design("heun"))  # a fresh instance
+    method = dataclasses.replace(catalogue.get("heun"))  # a fresh instance
     first = catalogue.evaluations(method, 3)
     assert catalogue.evaluations(method, 3) == first and len(probes) == 1
     pre = catalogue.evaluations(method, 3, "pre")

@@ -19,7 +19,8 @@ import pytest
 from flax import nnx
 
 from svflow_jax.claims.measure import exactness_tolerance
-from svflow_jax.designs import DESIGNS, DesignConfig, SolverLM
+from svflow_jax.designs import DesignConfig, SolverLM
+from svflow_jax.solvers.catalogue import CATALOGUE as DESIGNS
 from svflow_jax.training import AustenBytes, MultiHopRecall, TrainConfig, get_task, train
 from svflow_jax.training.compare import throughput
 from svflow_jax.training.loop import AdamW, train_step
@@ -265,10 +266,10 @@ def test_svflow_train_cli(tmp_path, capsys):
 
     for bad, named in (
             (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
-            (["--design", "nope"], "unknown design 'nope'"),
+            (["--method", "nope"], "--method: unknown method 'nope'"),
             (["--weights", "cubic"], "argument --weights: invalid choice: 'cubic'"),
-            (["--design", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
-            (["--design", "geodesic-euler"], "pre-norm by default: add --norm post"),
+            (["--method", "geodesic-euler", "--norm", "pre"], "has no pre-norm form"),
+            (["--method", "geodesic-euler"], "pre-norm by default: add --norm post"),
             (["--update", "ngpt"], "pre-norm by default: add --norm post"),
             (["--config", "missing.json"], "--config: no such file missing.json"),
             (["--extra-depths", "0"], "argument --extra-depths: must be a positive integer"),
@@ -279,9 +280,9 @@ def test_svflow_train_cli(tmp_path, capsys):
             main(["train", *bad])
         assert err.value.code == 2, bad
         assert named in capsys.readouterr().err, bad
-    assert main(["train", "--list-designs"]) == 0
+    assert main(["train", "--list-methods"]) == 0
     assert "crouch-grossman3" in capsys.readouterr().out
-    argv = ["train", "--design", "lie-trotter", "--norm", "post", "--update", "ngpt",
+    argv = ["train", "--method", "lie-trotter", "--norm", "post", "--update", "ngpt",
             "--num-steps", "2", "--anchors", "2",
             "--duration", "2", "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff",
             "32", "--context", "16", "--steps", "3", "--batch-size", "4", "--eval-every", "0",
@@ -390,7 +391,7 @@ def test_a_diverging_run_stops_with_exit_1(tmp_path, capsys):
     from svflow_jax.cli import main
 
     out = tmp_path / "run"
-    argv = ["train", "--design", "euler", "--num-steps", "2", "--anchors", "2", "--duration",
+    argv = ["train", "--method", "euler", "--num-steps", "2", "--anchors", "2", "--duration",
             "2", "--d-model", "16", "--heads", "2", "--d-head", "8", "--d-ff", "32",
             "--context", "16", "--steps", "20", "--batch-size", "4", "--eval-every", "0",
             "--warmup", "0", "--lr", "1e30", "--out", str(out), "--no-progress"]

@@ -714,7 +714,7 @@ def test_no_flow_side_imports():
 
     forbidden = (
         "svflow_jax.flow", "svflow_jax.sphere", "svflow_jax.vmf", "svflow_jax.solvers",
-        "svflow_jax.correspondence", "svflow_jax.checkpoints",
+        "svflow_jax.bridge.correspondence", "svflow_jax.checkpoints",
     )
     seen = 0
     for path in Path(package.__file__).parent.glob("*.py"):
@@ -1004,7 +1004,7 @@ def test_switch_gate_weights_and_the_router_gradient(top_k):
     """``router_gate="switch"``: the selected experts' weights are the full softmax's
     probabilities (NumPy), summing to less than 1; with top-1 the renormalised router gets an
     exactly zero task gradient and the Switch-gated one a non-zero one (autodiff)."""
-    from svflow_jax.correspondence import check_supported
+    from svflow_jax.bridge.correspondence import check_supported
     from svflow_jax.transformer.model import MoE
 
     rng = np.random.default_rng(top_k)

@@ -32,8 +32,8 @@ BAD_OPTIONS = [
     (["sweep", "--num-sizes", "2"], "num-sizes"),
     (["sweep", "--steps", "6", "4"], "FIRST < LAST"),
     (["sweep", "--steps", "4", "6", "--num-sizes", "8"], "do not fit"),
-    (["sweep", "--solvers", "nonsense"], "nonsense"),
-    (["sweep", "--solvers", "no_such_module:Thing"], "no_such_module"),
+    (["sweep", "--methods", "nonsense"], "nonsense"),
+    (["sweep", "--methods", "no_such_module:Thing"], "no_such_module"),
     (["inspect", "smollm2-135m-instruct", "--window", "1"],
      "argument --window: must be a whole number >= 2, got '1'"),
     (["inspect", "smollm2-135m-instruct", "--substeps", "2", "1"],
@@ -95,7 +95,7 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     (tmp_path / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "sweep"
-    argv = ["sweep", "--solvers", "my_layers:RALSTON", "euler", "--steps", "16", "256",
+    argv = ["sweep", "--methods", "my_layers:RALSTON", "euler", "--steps", "16", "256",
             "--num-sizes", "5", "--tokens", "4", "--dim", "8", "--repeats", "1",
             "--no-progress", "--out", str(out)]
     assert cli.main(argv) == 0
@@ -109,6 +109,28 @@ def test_sweep_measures_a_users_solver_and_resumes(tmp_path, monkeypatch, capsys
     wrong[2] = "my_layers:WRONG"
     wrong[-1] = str(tmp_path / "wrong")
     assert cli.main(wrong) == 1
+
+
+def test_verify_adds_the_order_claim_of_a_users_method(user_folder, capsys):
+    """``svflow verify --methods my_layers:RALSTON`` from the folder holding the README's
+    module: the claim ``order/ralston`` is added, listed, run and reported; a name that clashes
+    with a registered claim is refused."""
+    (user_folder / "my_layers.py").write_text(textwrap.dedent(USER_SOLVER))
+    assert cli.main(["verify", "--methods", "my_layers:RALSTON", "--list"]) == 0
+    assert "order/ralston" in capsys.readouterr().out
+    argv = ["verify", "--quick", "--methods", "my_layers:RALSTON", "--only", "order/ralston",
+            "--no-progress", "--out", "out"]
+    assert cli.main(argv) == 0
+    [claim] = json.loads((user_folder / "out" / "summary.json").read_text())["claims"]
+    assert (claim["name"], claim["passed"], claim["headline"]) == (
+        "order/ralston", True, "fitted_order")
+    assert "| `order/ralston` |" in (user_folder / "out" / "report.md").read_text()
+    (user_folder / "my_layers.py").write_text(
+        textwrap.dedent(USER_SOLVER) + 'RK4 = Method("rk4", RALSTON.solver, order=2)\n')
+    sys.modules.pop("my_layers")  # read the edited module
+    with pytest.raises(SystemExit, match="^2$"):
+        cli.main(["verify", "--methods", "my_layers:RK4", "--list"])
+    assert "two claims are named 'order/rk4'" in capsys.readouterr().err
 
 
 def _run_cli(args, env_extra=None, timeout=600):
@@ -176,7 +198,7 @@ def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from svflow_jax.verify import enable_compilation_cache
+    from svflow_jax.xla_settings import enable_compilation_cache
 
     jax.jit(lambda x: x + 1.0)(jnp.ones(2)).block_until_ready()  # the current cache is open
     assert enable_compilation_cache(tmp_path / "moved") == tmp_path / "moved"
@@ -189,11 +211,11 @@ def test_enable_compilation_cache_moves_an_open_cache(tmp_path):
 
 
 def test_prune_cache_deletes_the_programs_used_longest_ago(tmp_path):
-    """The cache bound (:func:`svflow_jax.verify.prune_cache`, the suite's at each run and a
+    """The cache bound (:func:`svflow_jax.xla_settings.prune_cache`, the suite's at each run and a
     command's when it opens its folder): programs go, least recently used first (access or
     modification time, the later), with their jax access-time files, until the rest fit; other
     files stay."""
-    from svflow_jax.verify import CACHE_LIMIT, prune_cache
+    from svflow_jax.xla_settings import CACHE_LIMIT, prune_cache
 
     assert CACHE_LIMIT == 2 * 1024**3
     used = {"a": 100, "b": 400, "c": 200, "d": 300}  # key: the time it was last used
@@ -215,7 +237,7 @@ def test_enable_compilation_cache_trims_a_folder_it_opens(tmp_path):
     goes); called again on the folder now in force, nothing more is deleted."""
     import jax
 
-    from svflow_jax.verify import enable_compilation_cache
+    from svflow_jax.xla_settings import enable_compilation_cache
 
     folder = tmp_path / "cache"
     folder.mkdir()

@@ -90,7 +90,7 @@ def test_the_tests_own_process_uses_the_compilation_cache():
     import jax
     import jax.numpy as jnp
 
-    from svflow_jax.verify import default_cache_dir
+    from svflow_jax.xla_settings import default_cache_dir
 
     folder = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if not folder:

@@ -30,10 +30,9 @@ def measure() -> dict[str, dict]:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from svflow_jax import verify
-    from svflow_jax.claims import Options, select
+    from svflow_jax.claims import Options, run, select
 
-    results, _ = verify.run(Options(**QUICK), select(list(CLAIMS)))
+    results, _ = run.run(Options(**QUICK), select(list(CLAIMS)))
     found = {r.name: r.to_json() for r in results}
     failed = [name for name, r in found.items() if r["passed"] is not True]
     if failed or set(found) != set(CLAIMS):

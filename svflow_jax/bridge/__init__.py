@@ -3,7 +3,7 @@
 * :mod:`.readout`: the one reader of a :class:`~svflow_jax.transformer.TransformerLM`'s
   internals (the blocks' recorded sub-steps, natural parameters) and the one
   :func:`~.readout.check_supported`, used by the diagnostics and the objective.
-* :mod:`svflow_jax.correspondence`: the exact map between a Transformer's parameters and a
+* :mod:`.correspondence`: the exact map between a Transformer's parameters and a
   flow's (``to_flow`` / ``from_flow``).
 """
 

@@ -21,7 +21,7 @@ The attention branch in flow words: component ``(h, j)`` has the natural paramet
 
 :func:`check_supported` is the one statement of what the bridge reads: everything the
 Transformer builds, without a padding mask; and, for an exact map onto a flow
-(:mod:`svflow_jax.correspondence`), a stack that is a discretisation of an SVFlow.
+(:mod:`svflow_jax.bridge.correspondence`), a stack that is a discretisation of an SVFlow.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def check_supported(model: TransformerLM | TransformerConfig, *, flow: bool = Fa
 
     The readout (diagnostics, objective) reads every block, Norm and FFN the Transformer
     builds. ``flow=True`` asks more: that the stack be an SVFlow discretisation which
-    :func:`svflow_jax.correspondence.to_flow` expresses exactly. A LayerNorm is one only in
+    :func:`svflow_jax.bridge.correspondence.to_flow` expresses exactly. A LayerNorm is one only in
     front of a branch (pre-norm: the branch reads the unit sphere of the centred hyperplane,
     its gain and bias fold into the first linear maps); after the update (post-norm) it puts
     the state on an affine ellipsoid of that hyperplane, not a sphere. A post-norm stack also

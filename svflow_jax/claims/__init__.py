@@ -15,7 +15,10 @@ Modules:
                       round trip);
 * :mod:`.orders`      orders of every registered solver, of the splittings, of per-layer
                       weights; drift off the sphere;
-* :mod:`.stacks`      stacks as depth grows: the standard layer, pre-norm, Norm gains.
+* :mod:`.stacks`      stacks as depth grows: the standard layer, pre-norm, Norm gains;
+* :mod:`.run`         ``svflow verify``'s run: every chosen claim on one context, the compile
+                      statistics, the ``summary.json`` dictionary;
+* :mod:`.report`      ``svflow verify``'s report from that summary: CSV, PNG, ``report.md``.
 
 To add a claim: write ``measure(ctx) -> Evidence`` in one of these modules (or your own, imported
 before the run) and decorate it with ``@claim(name, section, statement)``.
@@ -36,7 +39,7 @@ from .core import (
     run_claims,
     select,
 )
-from .orders import solver_sweep
+from .orders import order_claim, solver_sweep
 
 __all__ = [
     "QUICK",
@@ -49,6 +52,7 @@ __all__ = [
     "claim",
     "claim_family",
     "get",
+    "order_claim",
     "run_claims",
     "select",
     "solver_sweep",

@@ -145,13 +145,16 @@ class Evidence:
     """What a measurement returns: the verdict, the figures behind it, the rows of its table.
 
     ``passed`` is ``None`` when the measurement cannot decide (e.g. an order hidden by float32
-    round-off); ``tolerance`` states the criterion in words and numbers.
+    round-off); ``tolerance`` states the criterion in words and numbers; ``headline`` names the
+    one figure that decides (a key of ``figures``; ``"fitted_order"`` is shown with its
+    ``order_ci``), the figure reports print beside the verdict.
     """
 
     passed: bool | None
     figures: dict[str, Any]
     tolerance: str
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    headline: str | None = None
 
 
 @dataclasses.dataclass
@@ -166,6 +169,7 @@ class ClaimResult:
     tolerance: str
     rows: list[dict[str, Any]]
     seconds: float
+    headline: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +190,7 @@ class Claim:
         return ClaimResult(
             name=self.name, section=self.section, statement=self.statement,
             passed=evidence.passed, figures=evidence.figures, tolerance=evidence.tolerance,
-            rows=evidence.rows, seconds=time.perf_counter() - start,
+            rows=evidence.rows, seconds=time.perf_counter() - start, headline=evidence.headline,
         )
 
 
@@ -232,19 +236,26 @@ def get(name: str) -> Claim:
     return claims[name]
 
 
-def select(patterns: Iterable[str] | None = None) -> list[Claim]:
-    """The registered claims whose name starts with one of ``patterns`` (all when ``None``).
+def select(patterns: Iterable[str] | None = None, extra: Iterable[Claim] = ()) -> list[Claim]:
+    """The registered claims, and ``extra``, whose name starts with one of ``patterns`` (all
+    when ``None``).
 
     Args:
         patterns: name prefixes, e.g. ``["exactness/", "order/rk4"]``.
+        extra: claims not in the registry, after the registered ones (``svflow verify
+            --methods``: the order claims of a user's methods).
 
     Returns:
-        The matching claims, in registry order.
+        The matching claims, in registry order, then ``extra``'s.
 
     Raises:
-        ValueError: a pattern matches no claim.
+        ValueError: a pattern matches no claim, or two claims have one name.
     """
     claims = list(all_claims().values())
+    for c in extra:
+        if any(c.name == other.name for other in claims):
+            raise ValueError(f"two claims are named {c.name!r}")
+        claims.append(c)
     if patterns is None:
         return claims
     patterns = list(patterns)

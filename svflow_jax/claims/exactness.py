@@ -1,7 +1,7 @@
 """Exactness: a Transformer IS a solver of its flow, layer by layer, to round-off.
 
 Each claim runs a random Transformer (:mod:`.problem`) and the flow solver it equals
-(:func:`svflow_jax.correspondence.layer_gaps`) from the same input and reports the largest
+(:func:`svflow_jax.bridge.correspondence.layer_gaps`) from the same input and reports the largest
 difference over layers, tokens and coordinates, in the Transformer's units, against
 :func:`.measure.exactness_tolerance`. The figure ``moved`` (how far the tokens' directions
 travel) shows that the equality is not between two standing-still trajectories.
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import correspondence
+from ..bridge import correspondence
 from ..solvers import RetractedEuler, SolveError, solve
 from ..solvers.solve import time_value
 from ..transformer import RoPE
@@ -114,11 +114,12 @@ def _exactness(ctx: Context, index: int, variant: str) -> Evidence:
     if "router_logits" in gaps:
         figures.update(_routing(config, gaps["router_logits"]))
     rows = [{"layer": l + 1, "max_abs_diff": float(v)} for l, v in enumerate(per_layer)]
-    return Evidence(passed, figures, f"max abs diff <= {tolerance:.1e}", rows)
+    return Evidence(passed, figures, f"max abs diff <= {tolerance:.1e}", rows,
+                    headline="max_abs_diff")
 
 
 def _gaps(config, params, x) -> dict[str, np.ndarray]:
-    """:func:`svflow_jax.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
+    """:func:`svflow_jax.bridge.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
     ``scale``), with ``radial_factors`` for a standard post-norm stack and ``router_logits``
     (at each layer's FFN input) for a MoE one: one compiled program, NumPy arrays back."""
     gaps = jax.tree.map(np.asarray, _gaps_program(config, dict(params), x))
@@ -182,7 +183,8 @@ def plain_solve(ctx: Context) -> Evidence:
                      "tolerance": tolerance, "passed": diff <= tolerance})
     return Evidence(all(r["passed"] for r in rows),
                     {"max_abs_diff": max(r["max_abs_diff"] for r in rows)},
-                    "max abs diff <= the exactness tolerance of each row", rows)
+                    "max abs diff <= the exactness tolerance of each row", rows,
+                    headline="max_abs_diff")
 
 
 @eqx.filter_jit
@@ -230,7 +232,8 @@ def float32_bound(ctx: Context) -> Evidence:
     passed = all(r["c_eff"] <= C_FLOAT32 and r["visible"] for r in rows)
     return Evidence(passed, {"c_eff": max(r["c_eff"] for r in rows), "eps": eps, **precision},
                     f"c_eff <= {C_FLOAT32:g} (eps = {eps:.3g}, {precision['float32_matmul']} "
-                    "matrix multiplies), and the round-off visible (> 1e-9)", rows)
+                    "matrix multiplies), and the round-off visible (> 1e-9)", rows,
+                    headline="c_eff")
 
 
 # Arrays to_flow rescales (pre-norm gains folded in, biases divided by rho): they come back
@@ -288,7 +291,8 @@ def round_trip(ctx: Context) -> Evidence:
                              f"/{sorted(extra)}", "arrays": ";".join(bad)})
         count += 1
     return Evidence(not failures, {"variants": count, "not_identical": len(failures)},
-                    "0 variants differ (bit-identical; eps |w| for rescaled arrays)", failures)
+                    "0 variants differ (bit-identical; eps |w| for rescaled arrays)", failures,
+                    headline="not_identical")
 
 
 @eqx.filter_jit
@@ -329,7 +333,8 @@ def ellipsoid(ctx: Context) -> Evidence:
     return Evidence(all(r["passed"] for r in rows),
                     {"ellipsoid_residual": max(r["ellipsoid_residual"] for r in rows),
                      "sphere_residual": min(r["sphere_residual"] for r in rows)},
-                    "ellipsoid residual <= the exactness tolerance; sphere residual > 0.1", rows)
+                    "ellipsoid residual <= the exactness tolerance; sphere residual > 0.1", rows,
+                    headline="ellipsoid_residual")
 
 
 @eqx.filter_jit

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .. import correspondence
+from ..bridge import correspondence
 from ..flow import AttentionField, ChebyshevInterpolation, ExpertsField, PiecewiseConstant, SumField
 from ..transformer import Transformer, TransformerConfig, layer_params
 from .core import Context

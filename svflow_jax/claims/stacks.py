@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import correspondence
+from ..bridge import correspondence
 from ..flow import AttentionField, Constant, ExpertsField
 from ..solvers import LieTrotter, RetractedEuler
 from .core import Context, Evidence, claim
@@ -64,7 +64,8 @@ def one_step_gap(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["gap"] for r in rows], 2)
     visible = min(r["gap"] for r in rows) > 1e3 * EXACT_FLOAT64
     return Evidence(passed and visible, {"expected_order": 2, **_clean(fit)},
-                    "|fitted slope - 2| <= 0.15, every gap > 1e-9", rows)
+                    "|fitted slope - 2| <= 0.15, every gap > 1e-9", rows,
+                    headline="fitted_order")
 
 
 @eqx.filter_jit
@@ -124,7 +125,8 @@ def postnorm_stack(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["error_sphere_flow"] for r in rows],
                          1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit)},
-                    "|fitted order - 1| <= 0.15", rows)
+                    "|fitted order - 1| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 def _prenorm_rows(ctx: Context) -> dict:
@@ -155,7 +157,8 @@ def prenorm_coupled(ctx: Context) -> Evidence:
     rows = out["rows"]
     fit, passed = _order([r["step_size"] for r in rows], [r["error_coupled"] for r in rows], 1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit), "radii": out["radii"]},
-                    "|fitted order - 1| <= 0.15", rows)
+                    "|fitted order - 1| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 @claim("prenorm/not-the-sphere-flow", "stacks",
@@ -174,7 +177,8 @@ def prenorm_not_sphere(ctx: Context) -> Evidence:
     return Evidence(passed, figures,
                     "error against the sphere flow > half the limit gap at every depth; the gap "
                     "> 3x the coupled error at the finest depth (resolved); radii spread > 0.3",
-                    rows)
+                    rows,
+                    headline="limit_gap")
 
 
 @claim("prenorm/projected-unit-radii", "stacks",
@@ -189,7 +193,8 @@ def prenorm_projected(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["error_sphere_flow"] for r in rows],
                          1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit)},
-                    "|fitted order - 1| <= 0.15", rows)
+                    "|fitted order - 1| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 @claim("gains/departure", "stacks",
@@ -208,7 +213,8 @@ def gain_departure(ctx: Context) -> Evidence:
     used = [row for row in rows if row["eps"] <= 1e-2]  # the linear regime
     fit, passed = _order([u["eps"] for u in used], [u["departure"] for u in used], 1)
     return Evidence(passed, {"expected_slope": 1, **_clean(fit)},
-                    "|fitted slope on eps <= 1e-2 - 1| <= 0.15", rows)
+                    "|fitted slope on eps <= 1e-2 - 1| <= 0.15", rows,
+                    headline="fitted_order")
 
 
 @eqx.filter_jit

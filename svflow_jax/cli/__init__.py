@@ -5,7 +5,7 @@
   solver it equals, orders of every method of the solver catalogue and of the splittings, drift
   without retraction, Transformer stacks as depth grows; writes ``summary.json``, CSV tables,
   PNG figures and ``report.md`` to ``--out``.
-* ``sweep`` (:mod:`.sweep`): a step-size sweep of chosen solvers (catalogue names or
+* ``sweep`` (:mod:`.sweep`): a step-size sweep of chosen methods (catalogue names or
   ``package.module:Attr``, the current folder searched first); resumable.
 * ``inspect MODEL`` (:mod:`.inspect`): a real checkpoint on real text
   (:mod:`svflow_jax.inspection`).

@@ -6,11 +6,13 @@ compilation cache)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 
-from ..cli_types import positive_float, positive_int, seed
 from .runtime import EPILOG, UsageError, with_quick
+from .types import positive_float, positive_int, seed
 
-__all__ = ["add_flow_options", "add_run_options", "flow_options", "subcommand", "EPILOG"]
+__all__ = ["add_flow_options", "add_run_options", "check_model", "flow_options", "option_error",
+           "resolve_methods", "subcommand", "EPILOG"]
 
 
 def subcommand(subparsers, name: str, **kwargs) -> argparse.ArgumentParser:
@@ -31,6 +33,43 @@ def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = T
         p.add_argument("--cache-dir", help="compilation cache folder (default: "
                        "$SVFLOW_CACHE_DIR, else ~/.cache/svflow-jax/xla), trimmed to 2 GiB "
                        "when opened, the programs used longest ago first")
+
+
+def option_error(err: ValueError, options: Iterable[str] | Mapping[str, str]) -> UsageError:
+    """The ``UsageError`` of an options object's ``ValueError``: when the message starts with
+    one of ``options`` (the object's field names; a mapping gives the option of each), that
+    field is written as its option (``num_sizes`` as ``--num-sizes``). Nothing else of the
+    message changes: the values a user gave appear as given."""
+    names = (dict(options) if isinstance(options, Mapping)
+             else {field: "--" + field.replace("_", "-") for field in options})
+    message = str(err)
+    head = message.split(" ", 1)[0].rstrip(":")
+    if head in names:
+        message = names[head] + message[len(head):]
+    return UsageError(message)
+
+
+def resolve_methods(names: Iterable[str], option: str) -> list:
+    """The :class:`~svflow_jax.solvers.catalogue.Method` of each name: a name of the solver
+    catalogue or ``package.module:Attr`` (a user's module, the current folder searched first;
+    :func:`svflow_jax.solvers.catalogue.get`). ``UsageError`` naming ``option`` otherwise."""
+    from ..solvers import catalogue
+
+    try:
+        return [catalogue.get(name) for name in names]
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
+
+
+def check_model(model: str) -> None:
+    """Refuses (``UsageError``) a MODEL that is neither a packaged model's name nor an existing
+    file or folder (:func:`svflow_jax.checkpoints.resolve`, nothing fetched yet)."""
+    from ..checkpoints import CheckpointError, resolve
+
+    try:
+        resolve(model, fetch=False)
+    except CheckpointError as err:
+        raise UsageError(f"MODEL {err}") from None
 
 
 def add_flow_options(p: argparse.ArgumentParser) -> None:
@@ -64,7 +103,7 @@ def flow_options(args: argparse.Namespace, quick: bool = False):
     try:
         options = Options(**with_quick(given, QUICK, quick))
     except ValueError as err:
-        raise UsageError(str(err).replace("_", "-")) from None
+        raise option_error(err, FLOW_OPTIONS) from None
     check_sizes(options)
     return options
 

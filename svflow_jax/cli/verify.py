@@ -1,6 +1,6 @@
 """``svflow verify``: every registered claim on a random SVFlow with a smooth ``theta(t)``
 (:mod:`svflow_jax.claims`), written as ``summary.json``, CSV tables, PNG figures and
-``report.md`` (:mod:`svflow_jax.report`)."""
+``report.md`` (:mod:`svflow_jax.claims.report`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import argparse
 import os
 from pathlib import Path
 
-from ..cli_types import positive_float, positive_int
 from . import runtime
-from .common import add_flow_options, add_run_options, flow_options, subcommand
+from .common import add_flow_options, add_run_options, flow_options, resolve_methods, subcommand
+from .types import positive_float, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -20,8 +20,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         subparsers, "verify", help="the main job: check the paper's claim with numbers",
         description="Runs every registered claim on a random SVFlow with a smooth theta(t) "
         "(nothing downloaded): exactness of every block variant, orders of every method of the "
-        "solver catalogue and of the splittings, drift, Transformer stacks as depth grows. "
-        "Writes summary.json, CSV, PNG and report.md to --out.")
+        "solver catalogue and of the splittings, drift, Transformer stacks as depth grows; "
+        "with --methods the orders of a user's methods too. Writes summary.json, CSV, PNG and "
+        "report.md to --out.")
     add_flow_options(p)
     add_run_options(p, "verify")
     p.add_argument("--layers", type=positive_int,
@@ -35,6 +36,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="claims run at once, in threads (default 1; --quick: one per CPU "
                    "core, which overlaps compilation but shares the machine between the "
                    "claims' timings)")
+    p.add_argument("--methods", nargs="+", metavar="METHOD",
+                   help="also verify the order of these methods: package.module:Attr naming a "
+                   "Method, a ButcherTableau, a solver class or a factory (the current folder "
+                   "is searched first) adds its claim order/<name>; a name of the solver "
+                   "catalogue is verified anyway")
     p.add_argument("--only", nargs="+", metavar="PREFIX",
                    help="run only the claims whose name starts with PREFIX")
     p.add_argument("--list", action="store_true", help="list the claims and exit")
@@ -46,18 +52,20 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = flow_options(args, quick=args.quick)
     from .. import claims as claims_mod
 
-    if args.list:
-        for c in claims_mod.select():
-            print(f"{c.name:<34} {c.statement}")
-        return runtime.EXIT_OK
+    extra = _method_claims(args.methods or ())
     try:
-        chosen = claims_mod.select(args.only)
+        chosen = claims_mod.select(None if args.list else args.only, extra)
     except ValueError as err:
         raise runtime.UsageError(str(err)) from None
+    if args.list:
+        for c in chosen:
+            print(f"{c.name:<34} {c.statement}")
+        return runtime.EXIT_OK
     out = Path(args.out or runtime.default_out("verify"))
     args.out_folder = runtime.prepare_out(out, "verify", overwrite=args.overwrite)
     cache = runtime.setup_jax(args)
-    from .. import report, verify
+    from ..claims import report
+    from ..claims import run as verify
     from ..reporting import display_path
 
     with runtime.progress_bar("svflow verify", "claim", args.no_progress, len(chosen)) as (tick, _):
@@ -73,8 +81,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return runtime.EXIT_OK if summary["passed"] else runtime.EXIT_FAILED
 
 
+def _method_claims(names) -> list:
+    """The claims ``order/<name>`` of the ``--methods`` the catalogue does not hold (its own
+    are registered claims already)."""
+    from ..claims import order_claim
+    from ..solvers import catalogue
+
+    claims = []
+    for name, method in zip(names, resolve_methods(names, "--methods"), strict=True):
+        if catalogue.CATALOGUE.get(method.name) is method:
+            continue
+        try:
+            claims.append(order_claim(method))
+        except ValueError as err:
+            raise runtime.UsageError(f"--methods {name}: {err}") from None
+    return claims
+
+
 def _print(summary: dict, out: Path) -> None:
-    from ..report import headline, verdict
+    from ..claims.report import headline, verdict
 
     print(f"\n{'claim':<34} {'figure':<34} result")
     for c in summary["claims"]:

@@ -1,7 +1,7 @@
 """Adaptive depth: at evaluation, the stack chooses its number of blocks per sequence.
 
 A model with continuous-in-depth weights defines the flow ``dy/dt = v_t(y)`` on ``[0, T]`` for
-any step size. A design whose solver has an embedded error estimate (``LayerDesign.adaptive``:
+any step size. A design whose solver has an embedded error estimate (``Method.adaptive``:
 Heun with its Euler estimate, midpoint, RK4 with its FSAL third-order estimate, a user's
 tableau with ``b_error``) is run by :func:`diffrax.diffeqsolve` with a
 :class:`diffrax.PIDController`: a step is accepted when the estimate ``e`` satisfies
@@ -29,19 +29,20 @@ import numpy as np
 from flax import nnx
 
 from ..next_token import next_token_nll
-from ..solvers import WithinStep
-from .design import LayerDesign, evaluations, get_design
+from ..solvers import WithinStep, catalogue
+from ..solvers.catalogue import Method
+from .design import evaluations
 from .model import SolverLM
 
 __all__ = ["AdaptiveResult", "adaptive_evaluate", "step_costs"]
 
 
-def step_costs(design: LayerDesign) -> tuple[float, float]:
+def step_costs(design: Method) -> tuple[float, float]:
     """``(e_0, e_step)``: evaluations of a solve of ``N`` steps with the design's adaptive
     solver are ``e_0 + e_step N``."""
     if design.adaptive is None:
         raise ValueError(f"design {design.name!r} has no embedded error estimate (set "
-                         "LayerDesign.adaptive, or give the tableau a b_error)")
+                         "Method.adaptive, or give the tableau a b_error)")
     probe = dataclasses.replace(design, solver=design.adaptive)
     one, two = evaluations(probe, 1), evaluations(probe, 2)
     return one - (two - one), two - one
@@ -61,14 +62,14 @@ class AdaptiveResult:
 
 def adaptive_evaluate(
     model: SolverLM, inputs, targets, weights, *, rtol: float, atol: float | None = None,
-    max_steps: int = 256, batch_size: int = 16, method: str | LayerDesign | None = None,
+    max_steps: int = 256, batch_size: int = 16, method: str | Method | None = None,
 ) -> AdaptiveResult:
     """Runs ``model`` on each sequence with the PID controller at tolerance ``rtol``
     (``atol`` defaults to ``rtol``; post-norm states are unit vectors) and scores it.
     ``method``: the design whose embedded pair runs the solve (default: the model's own),
     for example ``"heun"`` (Heun with its Euler estimate) for a model trained as Euler."""
     config = model.config
-    design = config.layer_design if method is None else get_design(method)
+    design = config.layer_design if method is None else catalogue.get(method)
     if config.weights == "per_layer":
         raise ValueError("adaptive depth needs continuous-in-depth weights (linear or "
                          "chebyshev): per-layer weights jump at the layer boundaries")

@@ -1,17 +1,17 @@
 """A layer design: a method of the solver catalogue read as a Transformer block.
 
-A design is a :class:`~svflow_jax.solvers.catalogue.Method` (``LayerDesign`` is the same class):
-its step on the sphere is a post-norm block (the retraction ``R(y) = y / |y|`` is the Norm), its
-step in ``R^d`` a pre-norm block (``dy/dt = u(y / |y|)``, no retraction), and its measured cost
-the block's field evaluations. The solver is any diffrax solver the project's sphere solvers
-accept: ``Retracted(any explicit Runge-Kutta method)``,
-:class:`~svflow_jax.solvers.GeodesicEuler`, the Lie-group methods, the splittings
-``LieTrotter`` / ``Strang`` (sequential / macaron blocks), or a user's subclass of
-:class:`~svflow_jax.solvers.AbstractSphereSolver`.
+A design is a :class:`~svflow_jax.solvers.catalogue.Method`: its step on the sphere is a
+post-norm block (the retraction ``R(y) = y / |y|`` is the Norm), its step in ``R^d`` a pre-norm
+block (``dy/dt = u(y / |y|)``, no retraction), and its measured cost the block's field
+evaluations. The solver is any diffrax solver the project's sphere solvers accept:
+``Retracted(any explicit Runge-Kutta method)``, :class:`~svflow_jax.solvers.GeodesicEuler`, the
+Lie-group methods, the splittings ``LieTrotter`` / ``Strang`` (sequential / macaron blocks), or
+a user's subclass of :class:`~svflow_jax.solvers.AbstractSphereSolver`.
 
-The designs are the methods of :data:`svflow_jax.solvers.catalogue.CATALOGUE` (``DESIGNS`` is
-that table); a design built from a tableau (:func:`from_tableau`) or a solver
-(``LayerDesign("mine", MySolver())``) and registered once is known to every command.
+The designs are the methods of :data:`svflow_jax.solvers.catalogue.CATALOGUE`, named and
+resolved by :func:`svflow_jax.solvers.catalogue.get`; a design built from a tableau
+(:func:`from_tableau`) or a solver (``Method("mine", MySolver())``) and registered once
+(:func:`svflow_jax.solvers.catalogue.register`) is known to every command.
 """
 
 from __future__ import annotations
@@ -19,37 +19,15 @@ from __future__ import annotations
 from diffrax import AbstractSolver
 
 from svflow_jax.solvers import WithinStep, fixed_step_scan
-from svflow_jax.solvers.catalogue import (
-    CATALOGUE,
-    CLASSICAL_RK4,
-    Method,
-    evaluations,
-    from_tableau,
-    get,
-    register,
-)
+from svflow_jax.solvers.catalogue import CLASSICAL_RK4, evaluations, from_tableau
 
 __all__ = [
-    "LayerDesign",
     "from_tableau",
-    "DESIGNS",
-    "register_design",
-    "get_design",
     "evaluations",
     "integrate",
     "CLASSICAL_RK4",
     "WithinStep",
 ]
-
-LayerDesign = Method
-DESIGNS = CATALOGUE
-register_design = register
-
-
-def get_design(name: str | Method) -> Method:
-    """:func:`~svflow_jax.solvers.catalogue.get`, naming what was asked for a design in
-    messages."""
-    return get(name, what="design")
 
 
 def integrate(

@@ -16,9 +16,10 @@ For the two continuous paths a stage at time ``t + c_i h`` reads ``theta(t + c_i
 same weights run at any number of steps ``N`` (depth transfer, adaptive depth).
 
 Dictionary with a Transformer of width ``d`` (``rho = sqrt(d)``), as in
-:mod:`svflow_jax.correspondence`: the hidden state is ``x = rho y``; ``wq, wk`` of anchor ``k``
-are the kernel embeddings of ``theta_k`` with concentration ``d / sqrt(d_head)``; ``wv, wo`` the
-natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network ``s(y) = F(rho y) / rho``.
+:mod:`svflow_jax.bridge.correspondence`: the hidden state is ``x = rho y``; ``wq, wk`` of anchor
+``k`` are the kernel embeddings of ``theta_k`` with concentration ``d / sqrt(d_head)``; ``wv,
+wo`` the natural-parameter maps; the FFN ``w_in, w_out`` the relaxed score network
+``s(y) = F(rho y) / rho``.
 
 * post-norm (default): ``y0 = R(e)``, ``R(y) = y / |y|``, with ``e`` the token plus position
   embedding; the field is projected (``P_y u``) and the solver stays on the sphere (its
@@ -80,7 +81,9 @@ from svflow_jax.flow import (
 )
 from svflow_jax.transformer import TransformerConfig, TransformerLM
 
-from .design import LayerDesign, get_design, integrate
+from ..solvers import catalogue
+from ..solvers.catalogue import Method
+from .design import integrate
 
 __all__ = ["DesignConfig", "SolverLM", "Update", "Weights"]
 
@@ -93,8 +96,8 @@ class DesignConfig:
     """Everything that fixes a :class:`SolverLM` (weights aside).
 
     Attributes:
-        design: a registered design name (see :data:`~svflow_jax.designs.DESIGNS`),
-            ``package.module:Attr``, or a :class:`LayerDesign`.
+        design: a registered design name (see :data:`~svflow_jax.solvers.catalogue.CATALOGUE`),
+            ``package.module:Attr``, or a :class:`~svflow_jax.solvers.catalogue.Method`.
         vocab_size: tokens (256 for bytes).
         context: the longest sequence (learned absolute positions).
         d_model, n_heads, d_head, d_ff: widths, as in a Transformer.
@@ -112,7 +115,7 @@ class DesignConfig:
         remat: rematerialise every block in the backward pass.
     """
 
-    design: str | LayerDesign = "euler"
+    design: str | Method = "euler"
     vocab_size: int = 256
     context: int = 64
     d_model: int = 64
@@ -146,7 +149,8 @@ class DesignConfig:
             raise ValueError(f"duration must be a finite positive number, got {self.duration!r}")
         if self.norm_position not in ("post", "pre"):
             raise ValueError(f"norm_position must be 'post' or 'pre', got {self.norm_position!r}")
-        get_design(self.design).solver_for(self.norm_position)  # unknown design / no pre-norm
+        # an unknown design, or one without a pre-norm form
+        catalogue.get(self.design, what="design").solver_for(self.norm_position)
         if self.update not in ("residual", "ngpt"):
             raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
         if self.embed_norm and self.norm_position != "pre":
@@ -157,8 +161,8 @@ class DesignConfig:
                              "needs norm_position='post'")
 
     @property
-    def layer_design(self) -> LayerDesign:
-        return get_design(self.design)
+    def layer_design(self) -> Method:
+        return catalogue.get(self.design, what="design")
 
     @property
     def radius(self) -> float:
@@ -326,9 +330,9 @@ class SolverLM(nnx.Module):
     def to_transformer(self) -> TransformerLM:
         """A :class:`TransformerLM` holding this model's weights (see
         :meth:`transformer_config`). The flow's weights are mapped by the correspondence
-        layer (:func:`svflow_jax.correspondence.to_transformer_params`), the one place that
+        layer (:func:`svflow_jax.bridge.correspondence.to_transformer_params`), the one place that
         speaks both vocabularies; only the embeddings and the head are this model's own."""
-        from svflow_jax.correspondence import LayerFlow, to_transformer_params
+        from svflow_jax.bridge.correspondence import LayerFlow, to_transformer_params
         from svflow_jax.transformer import set_embedding_params, set_layer_params
 
         c = self.config

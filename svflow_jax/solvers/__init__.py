@@ -40,8 +40,7 @@ keep the method's order.
 (a solver that leaves the sphere, fields the solver cannot take, a state off the sphere, ...)
 and an error (never a silently wrong state) when the solve fails, e.g. by running out of
 ``max_steps``. :mod:`.catalogue` names the methods (:data:`CATALOGUE`, :class:`Method`,
-``catalogue.get``): one record per method, read by every ``svflow`` command and the notebooks
-(:mod:`.registry` keeps the former names ``SOLVERS``, ``SolverSpec``, ``get_solver``).
+``catalogue.get``): one record per method, read by every ``svflow`` command and the notebooks.
 
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
 the discrete steps themselves, recomputing them from checkpoints, or, for fixed-step solves,
@@ -70,7 +69,6 @@ from .catalogue import (
 )
 from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
-from .registry import SOLVERS, SolverSpec, get_solver
 from .runge_kutta import RK4, Retracted, WithinStep
 from .solve import SolveError, solve, stays_on_sphere
 from .splitting import AbstractSplitting, LieTrotter, Strang
@@ -105,9 +103,6 @@ __all__ = [
     "from_tableau",
     "evaluations",
     "import_path",
-    "SolverSpec",
-    "SOLVERS",
     "register",
-    "get_solver",
     "count_evaluations",
 ]

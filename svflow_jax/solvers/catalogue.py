@@ -41,7 +41,6 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -170,21 +169,6 @@ class Method:
         """:func:`evaluations` of this method, by ``(num_steps, norm_position)``: each count
         runs (and compiles) a small program, and the method is immutable."""
         return {}
-
-    @property
-    def expected_order(self) -> int | None:
-        """``order`` (the name of the former ``SolverSpec``)."""
-        return self.order
-
-    def make(self) -> AbstractSolver:
-        """The step on the sphere (the former ``SolverSpec.make()``)."""
-        return self.solver
-
-    @property
-    def unretracted(self) -> Callable[[], AbstractSolver] | None:
-        """A factory of :attr:`ambient`, or ``None`` (the former ``SolverSpec.unretracted``)."""
-        ambient = self.ambient
-        return None if ambient is None else (lambda: ambient)
 
     def solver_for(self, norm_position: str) -> AbstractSolver:
         """The solver of a post-norm (on the sphere) or pre-norm (in ``R^d``) stack."""
@@ -348,7 +332,7 @@ def register(method: Method, *, replace: bool = False) -> Method:
     ``ValueError`` if the name is already registered (unless ``replace=True``) or contains
     ``":"`` (reserved for import paths, see :func:`get`)."""
     if not isinstance(method, Method):
-        raise ValueError(f"register takes a Method (a LayerDesign, SolverSpec), got "
+        raise ValueError(f"register takes a Method, got "
                          f"{type(method).__name__}")
     if ":" in method.name:
         raise ValueError(f"a registered name may not contain ':' (import paths do), got "

@@ -41,9 +41,10 @@ import numpy as np
 from flax import nnx
 
 from svflow_jax import atomic
-from svflow_jax.designs import DesignConfig, SolverLM, evaluations, get_design
+from svflow_jax.designs import DesignConfig, SolverLM, evaluations
 from svflow_jax.environment import environment
 from svflow_jax.fitting import t_quantile
+from svflow_jax.solvers import catalogue
 from svflow_jax.transformer import TransformerLM
 
 from .loop import placed, put_batch, train_step
@@ -84,8 +85,8 @@ def equal_compute_steps(designs: list[str], budget: float) -> dict[str, int]:
     Raises if a design cannot meet the budget exactly (pick a budget that all divide)."""
     out = {}
     for name in designs:
-        per_step = get_design(name).evaluations_per_step
-        first = evaluations(get_design(name), 1) - per_step
+        per_step = catalogue.get(name).evaluations_per_step
+        first = evaluations(catalogue.get(name), 1) - per_step
         steps = (budget - first) / per_step
         if steps < 1 or abs(steps - round(steps)) > 1e-9:
             raise ValueError(f"design {name!r} costs {first:g} + {per_step:g} N evaluations: no "
@@ -317,7 +318,7 @@ def run_design(
     n_eval = eval_sequences or config.eval_sequences
     summary = {
         "design": design, "seed": seed, "num_steps": num_steps,
-        "evaluations": evaluations(get_design(design), num_steps),
+        "evaluations": evaluations(catalogue.get(design), num_steps),
         "parameters": count_parameters(result.model),
         "train_seconds": result.seconds, "history": result.history, "final": result.final,
         "transfer": depth_transfer(result.model, task, transfer_factors, n_eval),
@@ -325,7 +326,7 @@ def run_design(
         "richardson": richardson(result.model, task, richardson_multiples, n_eval)
         if richardson_multiples else None,
         "adaptive": adaptive_depth(result.model, task, rtols, n_eval)
-        if rtols and get_design(design).adaptive is not None
+        if rtols and catalogue.get(design).adaptive is not None
         and config.model.weights != "per_layer" and config.model.norm_position == "post"
         else [],
         "environment": environment(),

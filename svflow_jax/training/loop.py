@@ -61,7 +61,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from svflow_jax import atomic
-from svflow_jax.tables import write_csv
+from svflow_jax.reporting import write_csv
 
 __all__ = ["AdamW", "optimizer", "train_step", "placed", "put_batch", "fit", "FitResult",
            "StepInfo", "TrainingDiverged"]

@@ -40,8 +40,9 @@ import numpy as np
 from flax import nnx
 
 from svflow_jax import atomic
-from svflow_jax.designs import DesignConfig, LayerDesign, SolverLM
+from svflow_jax.designs import DesignConfig, SolverLM
 from svflow_jax.next_token import next_token_nll, weighted_mean
+from svflow_jax.solvers.catalogue import Method
 
 from .loop import AdamW, StepInfo, fit, optimizer
 from .tasks import get_task
@@ -234,12 +235,13 @@ def evaluate(model: SolverLM, task, num_sequences: int, batch_size: int = 32,
     return out
 
 
-def design_source(design: str | LayerDesign) -> str:
+def design_source(design: str | Method) -> str:
     """What a design is built from, as a string that changes when it does: ``sha256:`` of the
     module file of a ``package.module:Attr`` design, or of the Butcher tableau's coefficients
-    of a :class:`LayerDesign` object built from one; a registered design is the package's own
-    (its version is recorded with every output): ``"registered:<name>"``."""
-    if isinstance(design, LayerDesign):
+    of a :class:`~svflow_jax.solvers.catalogue.Method` object built from one; a registered
+    design is the package's own (its version is recorded with every output):
+    ``"registered:<name>"``."""
+    if isinstance(design, Method):
         solver = design.solver
         while hasattr(solver, "solver"):  # the wrappers (retraction) around the method
             solver = solver.solver

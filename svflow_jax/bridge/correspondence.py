@@ -53,9 +53,8 @@ import jax.numpy as jnp
 from diffrax import AbstractSolver, MultiTerm, ODETerm
 from jaxtyping import Array, Float
 
-from . import sphere
-from .bridge import readout
-from .flow import (
+from .. import sphere
+from ..flow import (
     AttentionField,
     AttentionParams,
     ExpertsField,
@@ -65,8 +64,8 @@ from .flow import (
     ScoreNetworks,
     SumField,
 )
-from .flow.experts import Nonlinearity
-from .solvers import (
+from ..flow.experts import Nonlinearity
+from ..solvers import (
     LieTrotter,
     RetractedEuler,
     SolveError,
@@ -76,7 +75,8 @@ from .solvers import (
     fixed_step_scan,
     solve,
 )
-from .transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
+from ..transformer import Transformer, TransformerConfig, layer_params, outer_norm_params
+from . import readout
 
 __all__ = [
     "LayerFlow",
