@@ -2,7 +2,7 @@
 
 :data:`BASELINE` is a pre-norm Transformer (the Euler design with per-layer weights: a
 parallel-block Transformer with RMSNorm, see :class:`~svflow_jax.designs.SolverLM`) of the size
-that trains in under 20 minutes on a 2-core laptop CPU: width 192, 6 heads of 32, FFN 768,
+that trains in minutes on a laptop CPU (``docs/results/baseline.md``): width 192, 6 heads of 32, FFN 768,
 4 layers, byte context 128, batch 32, AdamW (weight decay 0.1) with a linear warm-up and a
 cosine decay to a tenth, clipping at 1. Its peak learning rate is the best of the short sweep
 over :data:`LR_GRID` that ``experiments/layer_designs.py --part baseline`` runs (the results
