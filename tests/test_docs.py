@@ -16,12 +16,14 @@ MathML, no MathJax): no raw TeX is left in any page's text.
 reader would copy them (placeholder paths mapped to the golden files), so a stale page fails;
 a block it does not run is marked ``<!-- docs-test: skip (why) -->`` above its fence.
 
-``test_site_in_browser`` opens the built home page and two notebook pages from disk in
+``test_site_in_browser`` opens the built home page, two notebook pages and the theory page
+from disk in
 headless Chromium (Debian's ``chromium`` package, driven directly: ``--dump-dom`` for the DOM
 after the page's scripts ran, ``--screenshot`` for a picture; no driver library to install or
 keep in step with the browser) **with the network disabled** (every host name resolves to
 nothing and the proxy is a closed port), and asserts that the navigation and a figure are
-there and that the notebook pages show their formulas as MathML, with no raw TeX left. The
+there and that the notebook and theory pages show their formulas as MathML, with no raw TeX
+left. The
 screenshots go to ``.ci/artifacts/docs/`` (git-ignored). Without a Chromium on ``PATH`` the
 test is skipped, saying so.
 """
@@ -193,7 +195,7 @@ def test_site_in_browser(site: Path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     first, third = NOTEBOOKS[0].stem, NOTEBOOKS[2].stem
     pages = {"home": site / "index.html", "notebook": site / "notebooks" / f"{first}.html",
-             "notebook3": site / "notebooks" / f"{third}.html"}
+             "notebook3": site / "notebooks" / f"{third}.html", "theory": site / "theory.html"}
     for label, page in pages.items():
         dom = _browse(browser, page.as_uri(), ARTIFACTS / f"{label}.png")
         # The Material navigation, with every notebook and the API reference in it.
@@ -202,11 +204,11 @@ def test_site_in_browser(site: Path):
             assert f"{notebook.stem}.html" in dom, f"{label}: {notebook.stem} not in the nav"
         assert "svflow_jax.sphere.html" in dom, f"{label}: API reference not in the nav"
         images = re.findall(r'<img[^>]+src="([^"]+)"', dom)
-        assert images, f"{label}: no figure in the rendered page"
+        assert images or label == "theory", f"{label}: no figure in the rendered page"
         for src in images:
             assert (page.parent / src).is_file(), f"{label}: figure {src} is not in the site"
         (ARTIFACTS / f"{label}.html").write_text(dom)
-        if label.startswith("notebook"):  # formulas shown as MathML, none left as raw TeX
+        if label.startswith("notebook") or label == "theory":  # MathML, no raw TeX left
             assert len(re.findall(r"<math\b", dom)) >= 20, f"{label}: formulas not rendered"
             assert not raw_tex(dom), f"{label}: raw TeX left: {raw_tex(dom)[:5]}"
 

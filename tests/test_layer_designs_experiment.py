@@ -1,8 +1,10 @@
-"""``experiments/layer_designs.py --quick`` runs end to end and writes a consistent report."""
+"""``experiments/layer_designs.py --quick`` runs end to end and writes a consistent report; the
+functions of its parts (``experiments/layer_designs/``) decide as documented."""
 
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 import os
@@ -185,6 +187,13 @@ def _script():
     return import_script("layer_designs.py")
 
 
+def _part(name: str):
+    """A module of the study's package, ``experiments/layer_designs/<name>.py`` (importing the
+    script puts the package on ``sys.path``)."""
+    _script()
+    return importlib.import_module(f"layer_designs.{name}")
+
+
 def test_verdicts_against_the_baseline_can_fail():
     """The rule that ranks the designs against the trained baseline, on synthetic per-seed
     differences: a clear effect (-0.5 +- 0.01 over 3 seeds) is "better" and its mirror
@@ -193,7 +202,7 @@ def test_verdicts_against_the_baseline_can_fail():
     with any decision (the family-wise error rate Bonferroni bounds by 0.05) is at most
     0.05 plus three binomial standard errors. The half-width is SciPy's Student t at
     1 - 0.05 / (2 m)."""
-    decide = _script().versus_baseline
+    decide = _part("common").versus_baseline
     rng = np.random.default_rng(0)
     clear = list(-0.5 + 0.01 * rng.standard_normal(3))
     scattered = list(-0.5 + 0.5 * rng.standard_normal(3))
@@ -233,7 +242,7 @@ def test_recipe_comparison_pairs_seeds_at_equal_steps_and_equal_time():
     50 minus the recipe's at 100 (read linearly between validations); the equal-steps
     difference is the final one; both decided at 1 - 0.05 / m with m = 4 (two arms, two
     comparisons each); an arm equal to the recipe up to noise of either sign is unresolved."""
-    compare = _script().recipe_comparison
+    compare = _part("recipe").recipe_comparison
     noise = [0.004, -0.003, 0.001]
     recipe = {k: _summary(k, lambda s, k=k: 3.0 - s / 100 + 0.01 * k, 1.0) for k in range(3)}
     slow = {k: _summary(k, lambda s, k=k: 2.9 - s / 100 + 0.01 * k + noise[k], 2.0)
@@ -278,7 +287,7 @@ def test_recipe_arms_with_weights_continuous_in_depth_are_refined():
     2, 4 and 8 times its blocks, with Richardson ratios at 1, 2, 4 and 8 times; a per-layer
     arm is not. The report's table gives each seed's values, the change from the trained
     depth, and the ratio ``2^p`` of the arm's method (RK4: 16)."""
-    script = _script()
+    script = _part("recipe")
     from svflow_jax.training.recipes import recipe
 
     base = recipe("austen").resolved().model
@@ -321,7 +330,7 @@ def test_recipe_arms_spend_the_recipes_evaluations_with_its_parameters():
     from svflow_jax.training.compare import count_parameters
     from svflow_jax.training.recipes import recipe
 
-    arms = _script().RECIPE["arms"]
+    arms = _part("recipe").RECIPE["arms"]
     base = recipe("austen").resolved().model
 
     def cost(model):
@@ -337,7 +346,7 @@ def test_recipe_arms_spend_the_recipes_evaluations_with_its_parameters():
         extra = 256 * model.head_bias + (2 * 4 * 192 if model.update == "ngpt" else 0)
         assert cost(model) == (spent, size + extra), arm
     designs = {base.replace(**spec["model"]).design for spec in arms.values()}
-    assert set(_script().DEFAULT["designs"]) - designs == {"strang", "crouch-grossman3"}
+    assert set(_part("common").DEFAULT["designs"]) - designs == {"strang", "crouch-grossman3"}
 
 
 def test_quick_recipe_part(tmp_path):

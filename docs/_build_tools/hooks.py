@@ -14,9 +14,10 @@
   notebook pages alike: the built site shows its maths without fetching anything.
 * **Results** pages (``docs/results/*.md``, one per study) are listed under "Results", in the
   order of ``RESULTS``; a results page missing from it fails the build.
-* **``docs/theory.md``** indents list continuations by 2 spaces (formulas inside a bullet by 6),
-  as GitHub renders them; Python-Markdown needs 4, so the hook adds 2 spaces to the indented
-  lines of its lists before rendering (the file itself is left as it is).
+* **``docs/theory.md``** indents list continuations by 2 spaces (a display formula inside a
+  bullet too), as GitHub renders them; Python-Markdown needs 4, so the hook adds 2 spaces to the
+  indented lines of its lists before rendering (the file itself is left as it is). Its formulas
+  are TeX (``$...$``, ``$$...$$``), rendered to MathML like every page's.
 """
 
 from __future__ import annotations

@@ -25,23 +25,11 @@ checkpointed loop that recomputes them again. Counted at run time on the attenti
 :class:`StoredAdjoint` (the forward pass alone); ``RetractedEuler()``: 43, 32, 32 and 16.
 Gradients agree to round-off.
 
-Measured (``experiments/peer_benchmark.py``, idle 2-core CPU, 7 alternating rounds; the
-gradient of ``Retracted(RK4())`` over 64 steps on the attention field, ``n = d = 256``; time
-of PyTorch's backprop through the same loop / time here, above 1: faster than PyTorch; XLA's
-temporary memory of the compiled gradient against the growth of PyTorch's peak RSS):
-
-* ``ScanAdjoint()`` (the default): 1.18 / 1.26 (float32 / float64), 36 / 72 MiB;
-* ``ScanAdjoint(remat=jax.checkpoint_policies.dots_saveable)``: 1.30 / 1.35, 611 MiB / 1.2 GiB;
-* ``StoredAdjoint()``: 0.57 / 0.59, 1.0 / 2.1 GiB;
-* diffrax's ``RecursiveCheckpointAdjoint()``: 0.86 / 0.83, 17 / 35 MiB;
-* PyTorch's backprop: 1 by definition, 0.8-1.0 / 1.8-2.1 GiB.
-
-Storing every residual is the slowest: on this CPU moving every elementwise intermediate of
-every stage costs more than recomputing it; storing only the matrix products
-(``dots_saveable``) is the fastest and still needs less memory than PyTorch; the default
-recomputes each step once and grows the peak RSS 16-22 times less than PyTorch. At
-``n = 32, d = 64`` every choice is 4-9 times faster than PyTorch (per-call overhead dominates
-there).
+Which one to use trades time against memory, and the trade depends on the machine:
+``StoredAdjoint`` keeps every elementwise intermediate of every stage, ``ScanAdjoint()``
+recomputes each step once in the backward pass, and ``ScanAdjoint(remat=dots_saveable)`` keeps
+only the matrix products. Their times and memory against PyTorch's backprop, measured by
+``experiments/peer_benchmark.py``, are on the results page ``docs/results/peer-benchmark.md``.
 
 Only fixed steps: :func:`solve` refuses these adjoints without ``num_steps``. With
 ``SaveAt(ts=...)`` or dense output, :func:`solve` runs diffrax's own loop (unrolled into a scan
@@ -255,7 +243,7 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
     Forward values are those of the default adjoint to round-off (the same steps, with
     ``t_i = t0 + i h`` and no FSAL reuse). With ``SaveAt(ts=...)`` or dense output the solve
     runs diffrax's own loop instead, stored (no recomputation, but about twice the memory and
-    time of the scan). The module docstring has the measured time and memory.
+    time of the scan). The module docstring says where its time and memory are measured.
     """
 
     remat: bool | Callable = True

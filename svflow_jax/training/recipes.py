@@ -1,12 +1,12 @@
 """The tuned recipes that ``svflow train`` runs when no option says otherwise.
 
 :data:`BASELINE` is a pre-norm Transformer (the Euler design with per-layer weights: a
-parallel-block Transformer with RMSNorm, see :class:`~svflow_jax.designs.SolverLM`) of the size
-that trains in under 20 minutes on a 2-core laptop CPU: width 192, 6 heads of 32, FFN 768,
-4 layers, byte context 128, batch 32, AdamW (weight decay 0.1) with a linear warm-up and a
-cosine decay to a tenth, clipping at 1. Its peak learning rate is the best of the short sweep
-over :data:`LR_GRID` that ``experiments/layer_designs.py --part baseline`` runs (the results
-page ``docs/results/baseline.md`` has the sweep and the learning curve).
+parallel-block Transformer with RMSNorm, see :class:`~svflow_jax.designs.SolverLM`) of a size
+that trains in minutes on a laptop CPU (``docs/results/baseline.md``): width 192, 6 heads of
+32, FFN 768, 4 layers, byte context 128, batch 32, AdamW (weight decay 0.1) with a linear
+warm-up and a cosine decay to a tenth, clipping at 1. Its peak learning rate is the best of
+the short sweep over :data:`LR_GRID` that ``experiments/layer_designs.py --part baseline`` runs
+(the results page ``docs/results/baseline.md`` has the sweep and the learning curve).
 
 :data:`RECALL` is the same model on the associative-recall tasks (sequences of 25 tokens),
 initialised with weights of standard deviation ``d^(-1/2)`` (:data:`RECALL_MODEL`) instead of
