@@ -52,6 +52,7 @@ RESULTS = [
     {"Real checkpoints": "results/real-checkpoints.md"},
     {"The baseline recipe": "results/baseline.md"},
     {"Layer designs, trained": "results/layer-designs.md"},
+    {"Layer designs: pre-registration": "results/layer-designs-preregistration.md"},
     {"Diagnostics under prefix shuffling": "results/diagnostics.md"},
     {"Objective and MoE balancing": "results/objective-moe.md"},
     {"Benchmark": "results/benchmark.md"},
