@@ -325,6 +325,9 @@ def test_float32_round_off_must_be_visible(monkeypatch):
     one = _float32_claim(monkeypatch, lambda position: flat * (position == "post") + (
         position == "pre") * np.full(F64.layers, _after(visible)))
     assert one.passed is False
+    deepest = np.zeros(F64.layers)  # visible in one layer is visible
+    deepest[-1] = _after(visible)
+    assert _float32_claim(monkeypatch, lambda position: deepest).passed is True
 
 
 def _round_trip(monkeypatch, change):
@@ -366,6 +369,8 @@ def test_round_trip_is_bit_identical_except_the_rescaled_arrays(monkeypatch):
     # a changed shape, dtype or set of arrays
     for change in (lambda c, p: {**p, "wo": p["wo"][:2]},
                    lambda c, p: {**p, "wo": p["wo"].astype(np.float16)},
+                   lambda c, p: {**p, "wo": p["wo"].reshape(3, 1)},  # the same bytes
+                   lambda c, p: {**p, "wo": p["wo"].view(f"i{p['wo'].itemsize}")},
                    lambda c, p: {k: v for k, v in p.items() if k != "wo"},
                    lambda c, p: {**p, "extra": p["wo"]}):
         result = _round_trip(monkeypatch, change)
@@ -611,18 +616,20 @@ def fake_stacks(monkeypatch):
 
 
 def test_one_step_gap_is_second_order_and_visible(monkeypatch, fake_stacks):
-    state = {"order": 2.0, "c": None}
+    """Gaps ``g_min (h / h_min)^order``: the smallest at the visibility threshold fails, just
+    above it passes; a gap of the wrong order fails."""
+    state = {"order": 2.0, "smallest": None}
     monkeypatch.setattr(stacks, "_one_step_gaps", lambda config, params, x, steps: np.array(
-        [state["c"] * h ** state["order"] for h in steps]))
+        [state["smallest"] * (h / steps[0]) ** state["order"] for h in steps]))
     ctx = claims.Context(F64)
     visible = 1e3 * measure.EXACT_FLOAT64
-    state["c"] = _after(visible) / 1e-6  # the smallest step: 1e-3, its gap just above
+    state["smallest"] = _after(visible)
     result = stacks.one_step_gap(ctx)
     assert result.passed is True and result.figures["expected_order"] == 2
     assert _number(r"every gap > ([0-9.e+-]+)", result.tolerance) == pytest.approx(visible)
-    state["c"] = visible / 1e-6 / (1 + 1e-12)  # the smallest gap at most the threshold
+    state["smallest"] = visible
     assert stacks.one_step_gap(ctx).passed is False
-    state["c"], state["order"] = 1.0, 2 + 2 * measure.ORDER_TOLERANCE
+    state["smallest"], state["order"] = 1e-6, 2 + 2 * measure.ORDER_TOLERANCE
     assert stacks.one_step_gap(ctx).passed is False
     state["order"] = 1.0
     assert stacks.one_step_gap(ctx).passed is False
@@ -752,7 +759,10 @@ def test_equal_compute_steps_needs_a_whole_number_of_blocks(monkeypatch):
                         + spec.evaluations_per_step * n)
     assert compare.equal_compute_steps(["one", "two"], 9) == {"one": 9, "two": 4}
     assert compare.equal_compute_steps(["one"], 1) == {"one": 1}  # one block: allowed
-    for budget in (0.5, 8, 9 + 1e-6):  # under one block, half a block, a sliver over
+    for budget in (0.5, 8, 9 + 1e-6, 1):  # under one block, half a block, a sliver over, 0
+        with pytest.raises(ValueError):
+            compare.equal_compute_steps(["two"] if budget == 1 else ["one", "two"], budget)
+    for budget in (0.5, 8, 9 + 1e-6):
         with pytest.raises(ValueError):
             compare.equal_compute_steps(["one", "two"], budget)
     assert compare.equal_compute_steps(["two"], 9 + 1e-12) == {"two": 4}  # round-off
