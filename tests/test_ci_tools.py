@@ -106,3 +106,82 @@ def test_hook_keeps_jax_debug_records_out_of_other_handlers_and_warnings_in(tmp_
     assert proc.stdout.strip() == "[('WARNING', 'loud')]"
     (log,) = tmp_path.glob("*.log")
     assert [line.split("\t")[2] for line in log.read_text().splitlines()] == ["quiet", "loud"]
+
+
+_mspec = importlib.util.spec_from_file_location("ci_mutants", ROOT / ".ci" / "mutants.py")
+mutants = importlib.util.module_from_spec(_mspec)
+_mspec.loader.exec_module(mutants)
+
+_TINY = '''"""A module."""
+LIMIT = 0.95
+
+
+def rule(a, b, xs):
+    """Docstring 10."""
+    if not a < b and b >= 2:
+        return -min(xs)
+    return f"{a:.3g} {b + 1}" if a == 0 else max(xs).argmax()
+
+
+def setup(n):
+    return n + 7
+'''
+
+
+def test_mutants_of_a_tiny_module(tmp_path):
+    """Every operator kind, only in the listed targets (not ``setup``), never in an f-string or
+    a docstring; each mutant parses and differs from the original in one place."""
+    path = tmp_path / "tiny.py"
+    path.write_text(_TINY)
+    found = mutants.mutants(path, ["LIMIT", "rule"])
+    described = {(m.target, m.kind, m.description) for m in found}
+    assert {("LIMIT", "number", "0.95 -> 0.9"), ("LIMIT", "number", "0.95 -> 9.5"),
+            ("rule", "compare", "< -> <="), ("rule", "compare", "< -> >="),
+            ("rule", "compare", ">= -> >"), ("rule", "compare", "== -> !="),
+            ("rule", "boolean", "and -> or"), ("rule", "not", "not x -> x"),
+            ("rule", "sign", "-x -> x"), ("rule", "swap", "min -> max"),
+            ("rule", "swap", ".argmax -> .argmin"), ("rule", "number", "2 -> 3"),
+            ("rule", "number", "0 -> -1")} <= described
+    assert not any(m.target == "setup" or "3 ->" in m.description or "10 ->" in m.description
+                   for m in found)  # the f-string's format and the docstring are left alone
+    lines = _TINY.splitlines()
+    for m in found:
+        new = m.source.decode().splitlines()
+        assert len(new) == len(lines)
+        assert sum(a != b for a, b in zip(lines, new, strict=True)) == 1, m
+    sign = next(m for m in found if m.kind == "sign")
+    assert "return (min(xs))" in sign.source.decode()
+    only = mutants.mutants(path, ["rule[b]"])  # the statements that use b
+    assert {m.line for m in only} == {7, 9} and not any("xs" in m.description for m in only)
+    with pytest.raises(ValueError, match="not found"):
+        mutants.mutants(path, ["missing"])
+
+
+def test_a_patched_module_is_restored_whatever_ends_the_run(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(_TINY)
+    for error in (RuntimeError, KeyboardInterrupt):
+        with pytest.raises(error), mutants.patched(path, b"broken = ("):
+            assert path.read_bytes() == b"broken = ("
+            raise error
+        assert path.read_text() == _TINY
+    with mutants.patched(path, b"x = 1\n"):
+        pass
+    assert path.read_text() == _TINY
+
+
+def test_a_mutants_tests_decide_its_status(tmp_path):
+    """Exit 0 survived, any failure killed, out of time timeout."""
+    run = lambda code, timeout=10: mutants.run_tests(  # noqa: E731
+        [sys.executable, "-c", code], timeout, tmp_path)[0]
+    assert run("pass") == "survived"
+    assert run("raise SystemExit(1)") == "killed" and run("raise SystemExit(4)") == "killed"
+    assert run("import time; time.sleep(5)", timeout=0.3) == "timeout"
+
+
+def test_every_target_exists_and_has_tests():
+    assert set(mutants.TARGETS) == set(mutants.TESTS)
+    for module, tests in mutants.TESTS.items():
+        assert (ROOT / module).is_file()
+        assert all((ROOT / t.partition("::")[0]).is_file() for t in tests), module
+    assert len(mutants.all_mutants(["reporting.py"])) >= 1

@@ -9,6 +9,7 @@ thresholds and could not tell the two apart); one seed leaves a verdict undecide
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -185,3 +186,83 @@ def test_when_attention_leaves_its_initialisation():
         assert row["step"] == t and row["upper"] == pytest.approx(want, abs=1e-12)
     assert np.mean(drops[50]) < 0 and e["steps"][0]["upper"] > 0
     assert e["step"] == 100
+
+
+def _decided(values, side, threshold, others=0):
+    script = _script()
+    ds = [script.decision("d", values, side, threshold)]
+    ds += [script.decision("other", [0.0, 1.0], "above", 0.0) for _ in range(others)]
+    script.decide(ds)
+    return ds[0]
+
+
+def test_a_decision_at_its_threshold_does_not_pass():
+    """Seeds that agree (no scatter): the bound is the mean; a bound equal to the threshold
+    fails on either side, the next number passes."""
+    for t in (0.0, 0.25, -0.05):
+        assert _decided([t, t], "above", t)["passed"] is False
+        assert _decided([t, t], "below", t)["passed"] is False
+        up, down = math.nextafter(t, math.inf), math.nextafter(t, -math.inf)
+        assert _decided([up, up], "above", t)["passed"] is True
+        assert _decided([down, down], "below", t)["passed"] is True
+        assert _decided([down, down], "above", t)["passed"] is False
+        assert _decided([up, up], "below", t)["passed"] is False
+
+
+def test_a_decision_bound_is_one_sided_at_the_bonferroni_level():
+    script = _script()
+    v = [0.3, 0.5, 0.4]
+    for m, side in ((1, "above"), (4, "above"), (4, "below")):
+        d = _decided(v, side, 0.0, others=m - 1)
+        half = scipy.stats.t.ppf(1 - script.ALPHA / m, 2) * np.std(v, ddof=1) / math.sqrt(3)
+        assert d["comparisons"] == m and d["mean"] == pytest.approx(0.4)
+        assert d["bound"] == pytest.approx(0.4 - half if side == "above" else 0.4 + half)
+    # two seeds decide, one does not; non-finite values are dropped before counting
+    assert _decided([1.0, 1.1], "above", 0.0)["passed"] is True
+    assert _decided([1.0], "above", 0.0)["passed"] is None
+    assert _decided([1.0, math.nan], "above", 0.0)["passed"] is None
+    assert math.isnan(_decided([], "above", 0.0)["mean"])
+
+
+def test_a_verdict_is_reproduced_when_every_decision_passes():
+    v = _script()._verdict
+    assert v([]) is None
+    assert v([{"passed": True}, {"passed": True}]) is True
+    assert v([{"passed": True}, {"passed": False}]) is False
+    assert v([{"passed": False}, {"passed": None}]) is None
+    assert v([{"passed": None}]) is None
+
+
+def test_every_threshold_is_the_one_its_criterion_states():
+    """The thresholds and sides of the decisions are those the criteria print (the margin,
+    the attention floor, the dead-expert and coupling bounds)."""
+    script = _script()
+    v = script.verdicts(_runs(3, 0.01), [2])
+    got = {k: [(d["side"], d["threshold"]) for d in e["decisions"]] for k, e in v.items()}
+    assert got["moe_collapses"] == [("above", 0.0)]
+    assert got["attention_healthy"] == [("below", 0.0), ("above", script.ATTENTION_FLOOR)]
+    assert got["popkl_as_switch"] == got["jvar_as_switch"] == [("above", -script.MARGIN),
+                                                                ("below", 1.0)]
+    assert "< 1 dead expert per layer" in v["popkl_as_switch"]["criterion"]
+    coupling = v["coupling"]["criterion"]
+    attention = float(re.search(r"attention's lower bound > ([0-9.]+)", coupling)[1])
+    low, high = map(float, re.search(r"inside \((-?[0-9.]+), ([0-9.]+)\)", coupling).groups())
+    assert got["coupling"] == [("above", attention), ("above", low), ("below", high)] * 2
+    assert got["coupling_causal"] == [("below", 0.0)]
+    assert f"> {script.ATTENTION_FLOOR}" in v["attention_healthy"]["criterion"]
+    assert f"by more than {script.MARGIN}" in v["popkl_as_switch"]["criterion"]
+    # the study's constants: a 5% family-wise error rate, margins on a [0, 1] scale
+    assert 0 < script.ALPHA <= 0.05 and 0 < script.MARGIN < 0.5 < 1
+    assert 0 < script.ATTENTION_FLOOR < 1
+
+
+def test_top1_routers_count_with_the_switch_gate_only():
+    script = _script()
+    runs = _runs(3, 0.01, arms=[a if a[1] is None else ("moe", 1) + a[2:] for a in ARMS]
+                 + [a for a in ARMS if a[1] == 2])
+    plain = script.verdicts(runs, [1, 2])
+    switch = script.verdicts(runs, [1, 2], gate="switch")
+    assert [d["what"][:5] for d in plain["moe_collapses"]["decisions"]] == ["top-2"]
+    assert [d["what"][:5] for d in switch["moe_collapses"]["decisions"]] == ["top-1", "top-2"]
+    assert "top-k >= 2" in plain["coupling"]["decisions"][1]["what"]
+    assert "every top-k" in switch["coupling"]["decisions"][1]["what"]

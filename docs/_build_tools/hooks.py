@@ -57,6 +57,7 @@ RESULTS = [
     {"Objective and MoE balancing": "results/objective-moe.md"},
     {"Benchmark": "results/benchmark.md"},
     {"Against PyTorch": "results/peer-benchmark.md"},
+    {"Mutation testing of the verdict code": "results/mutation-testing.md"},
 ]
 
 
