@@ -10,6 +10,7 @@ import os
 import stat
 
 import pytest
+from test_cli import refused
 
 from svflow_jax import atomic
 
@@ -42,3 +43,168 @@ def test_an_existing_files_mode_is_kept_when_it_is_replaced(tmp_path):
     with _umask(0o077):
         atomic.write_json(path, {"a": 2})
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+# ---------------------------------------------------------------------------------------------
+# --overwrite replaces only the command's own earlier outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _model_folder(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "tokenizer.json").write_text("{}")
+    return model
+
+
+def test_diagnose_overwrite_into_the_models_own_folder_is_refused(tmp_path, capsys):
+    model = _model_folder(tmp_path)
+    before = _files(model)
+    refused(["diagnose", str(model), "--overwrite", "--out", str(model)],
+            f"--out {model}: the folder holds a model (config.json, model.safetensors)", capsys)
+    assert _files(model) == before  # config.json intact: the model still loads
+    gguf = tmp_path / "gguf"
+    gguf.mkdir()
+    (gguf / "m.gguf").write_bytes(b"GGUF")
+    refused(["verify", "--overwrite", "--out", str(gguf)], "holds a GGUF model (m.gguf)", capsys)
+
+
+def _training_run(folder, manifest: bool):
+    from svflow_jax.cli import runtime
+
+    if manifest:
+        runtime.prepare_out(folder, "train", resumable=True).release()
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "config.json").write_text('{"steps": 10}')
+    (folder / "run.json").write_text('{"devices": 1}')
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    if manifest:
+        marker = folder / runtime.MARKER
+        marker.write_text(marker.read_text().replace('"files": null', '"files": ["checkpoints", '
+                                                     '"config.json", "metrics.jsonl", '
+                                                     '"run.json"]'))
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_verify_overwrite_into_a_training_run_is_refused(tmp_path, capsys, manifest):
+    run = tmp_path / "run"
+    _training_run(run, manifest)
+    before = _files(run)
+    named = "holds the results of svflow train" if manifest else \
+        "holds a training run (checkpoints, metrics.jsonl, run.json)"
+    err = refused(["verify", "--quick", "--overwrite", "--out", str(run)], named, capsys)
+    assert "--overwrite never writes into it" in err
+    assert _files(run) == before  # the run's config.json: it can still resume
+
+
+def test_train_overwrite_keeps_another_runs_metrics(tmp_path, capsys):
+    """A training run that no manifest names (written by ``svflow_jax.training.train``) and
+    another command's results are both refused, metrics.jsonl untouched."""
+    run = tmp_path / "run"
+    _training_run(run, manifest=False)
+    before = _files(run)
+    argv = ["train", "--design", "euler", "--num-steps", "2", "--d-model", "16", "--heads",
+            "2", "--d-head", "8", "--d-ff", "32", "--context", "16", "--steps", "3",
+            "--overwrite", "--no-progress"]
+    refused([*argv, "--out", str(run)], "holds a training run", capsys)
+    assert _files(run) == before
+    from svflow_jax.cli import runtime
+
+    verified = runtime.prepare_out(tmp_path / "verified", "verify")
+    (verified.path / "summary.json").write_text("{}")
+    verified.finish()
+    refused([*argv, "--out", str(verified.path)], "holds the results of svflow verify", capsys)
+
+
+def test_overwrite_writes_beside_other_files_but_never_replaces_them(tmp_path, capsys):
+    from svflow_jax.cli import runtime
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "config.json").write_text("mine too")
+    refused(["verify", "--quick", "--out", str(folder)], "pass --overwrite (which keeps them)",
+            capsys)
+    refused(["verify", "--quick", "--overwrite", "--out", str(folder)],
+            "svflow verify would replace config.json, which it did not write", capsys)
+    (folder / "config.json").unlink()
+    out = runtime.prepare_out(folder, "verify", overwrite=True)  # beside notes.txt: allowed
+    (folder / "report.md").write_text("first")
+    out.finish()
+    again = runtime.prepare_out(folder, "verify")  # its own report is replaced, notes kept
+    assert again.files() == ["notes.txt"] and (folder / "notes.txt").read_text() == "mine"
+    again.release()
+
+
+def test_the_manifest_names_the_command_and_its_files(tmp_path):
+    import json
+
+    from svflow_jax.cli import runtime
+
+    out = runtime.prepare_out(tmp_path / "sweep", "sweep", resumable=True)
+    (out.path / "euler.json").write_text("{}")
+    out.finish()
+    again = runtime.prepare_out(tmp_path / "sweep", "sweep", resumable=True)
+    (again.path / "heun.json").write_text("{}")
+    again.finish()  # a resumed run: the files of both runs are its own
+    manifest = json.loads((tmp_path / "sweep" / runtime.MARKER).read_text())
+    assert manifest == {"command": "sweep", "before": [], "files": ["euler.json", "heun.json"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# What a killed run leaves: its lock, its temporary files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
+def test_a_lock_naming_a_live_process_that_is_not_the_run_is_taken_over(tmp_path):
+    """The process id of a killed run is reused by another program: the lock is stale."""
+    import subprocess
+    import sys
+
+    from svflow_jax.cli import runtime
+
+    out = tmp_path / "out"
+    runtime.prepare_out(out, "train", resumable=True).release()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for lock in (str(other.pid), f"{other.pid} 1"):  # no start time; another start time
+            (out / runtime.LOCK).write_text(lock)
+            runtime.prepare_out(out, "train", resumable=True).release()
+            assert not (out / runtime.LOCK).exists()
+        # the live run itself (same process, same start time) keeps the folder
+        held = runtime.prepare_out(out, "train", resumable=True)
+        assert (out / runtime.LOCK).read_text().split()[0] == str(os.getpid())
+        with pytest.raises(runtime.UsageError, match=r"another svflow run \(process \d+\)"):
+            runtime.prepare_out(out, "train", resumable=True)
+        held.release()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_temporary_files_of_a_killed_run_are_removed_when_it_resumes(tmp_path):
+    from svflow_jax.cli import runtime
+
+    out = tmp_path / "sweep"
+    runtime.prepare_out(out, "sweep", resumable=True)  # killed: never finished nor released
+    (out / "euler.json").write_text("{}")
+    (out / ".heun.json.k3x_9a2b.tmp").write_text('{"half": ')  # atomic.replacing's, cut
+    (out / "tables").mkdir()
+    (out / "tables" / ".a.csv.0a1b2c3d.tmp").write_text("x,")
+    (out / runtime.LOCK).unlink()
+    runtime.prepare_out(out, "sweep", resumable=True).release()
+    assert sorted(p.name for p in out.rglob("*") if p.name != runtime.MARKER) == [
+        "euler.json", "tables"]
+    # a folder that is not an svflow run's keeps its files, temporary-looking or not
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".draft.abcdefgh.tmp").write_text("mine")
+    runtime.prepare_out(mine, "verify", overwrite=True).release()
+    assert (mine / ".draft.abcdefgh.tmp").read_text() == "mine"

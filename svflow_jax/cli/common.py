@@ -22,8 +22,11 @@ def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = T
     """``--out``, ``--overwrite``, ``--no-progress`` and (``cache``) the compilation cache."""
     p.add_argument("--out", help=f"output folder (default: results/{command}-<time>)")
     p.add_argument("--overwrite", action="store_true",
-                   help="write into an --out folder that holds other files or another "
-                   "command's results (they are kept; the new outputs are written beside them)")
+                   help="write into an --out folder that holds other files: they are kept and "
+                   "the outputs are written beside them (refused when an output would replace "
+                   "one of them); a folder holding a model or another command's run is "
+                   "refused even so. A folder of an earlier run of the same command needs no "
+                   "--overwrite: its own outputs are replaced")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if cache:
         p.add_argument("--no-compile-cache", action="store_true",
