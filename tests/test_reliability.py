@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 
 import pytest
 from test_cli import refused
@@ -208,3 +209,57 @@ def test_the_temporary_files_of_a_killed_run_are_removed_when_it_resumes(tmp_pat
     (mine / ".draft.abcdefgh.tmp").write_text("mine")
     runtime.prepare_out(mine, "verify", overwrite=True).release()
     assert (mine / ".draft.abcdefgh.tmp").read_text() == "mine"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes: bounded or estimated before anything is allocated
+# ---------------------------------------------------------------------------------------------
+
+_SMALL_TRAIN = ["train", "--design", "euler", "--weights", "chebyshev"]
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["verify", "--dim", "100000"], "--dim: the weights of 140 layers in d = 100000 needs about"),
+    (["sweep", "--dim", "100000"], "--dim: the weights of"),
+    (["verify", "--layers", "100000"], "--layers 100000: at most 4096"),
+    (["diagnose", "--bootstrap", "10000000"], "--bootstrap: the bootstrap (10000000 resamples"),
+    (["diagnose", "--permutations", "500"], "--permutations: one window's batch (2501 sequences"),
+    (["diagnose", "--permutations", "100000"], "--permutations 100000: at most 1000"),
+    ([*_SMALL_TRAIN, "--anchors", "100000"], "--anchors 100000: at most 4096"),
+    ([*_SMALL_TRAIN, "--random-depths", "100000"], "--random-depths 100000: at most 4096"),
+    ([*_SMALL_TRAIN, "--extra-depths", "100000"], "--extra-depths 100000: at most 4096"),
+    (["train", "--num-steps", "100000", "--anchors", "4"], "--num-steps 100000: at most 4096"),
+    (["inspect", "smollm2-135m-instruct", "--substeps", "2", "1000000"],
+     "--substeps 1000000: at most 1024"),
+])
+def test_sizes_are_refused_in_seconds_naming_the_option(argv, named, tmp_path, capsys):
+    start = time.perf_counter()
+    err = refused([*argv, "--out", str(tmp_path / "out")], named, capsys)
+    assert time.perf_counter() - start < 5
+    if "needs about" in named:
+        assert "more than the limit of" in err and "GiB" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    ([*_SMALL_TRAIN, "--anchors", "4000"], "--anchors: training this model (d = 192, 4000 anchors"),
+    ([*_SMALL_TRAIN, "--random-depths", "4000"], "--random-depths: training this model"),
+    ([*_SMALL_TRAIN, "--extra-depths", "2000", "2000"], "--extra-depths: training this model"),
+])
+def test_a_training_state_larger_than_the_memory_names_the_option_behind_it(
+        argv, named, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SVFLOW_MEMORY_BYTES", str(2**31))  # a 2 GiB machine: limit 1 GiB
+    start = time.perf_counter()
+    err = refused([*argv, "--out", str(tmp_path / "out")], named, capsys)
+    assert time.perf_counter() - start < 5
+    assert "more than the limit of 1 GiB (half of this machine's 2 GiB" in err
+
+
+def test_the_memory_limit_is_half_the_machine_and_at_most_what_is_available(monkeypatch):
+    from svflow_jax.cli import runtime
+
+    monkeypatch.delenv("SVFLOW_MEMORY_BYTES", raising=False)
+    assert 0 < runtime.memory_limit() <= runtime.machine_memory() / 2
+    assert runtime.memory_limit() <= runtime.available_memory()
+    with pytest.raises(runtime.UsageError, match=r"^--x: y needs about 1\.61e\+09 GiB"):
+        runtime.check_memory(2**60 * 1.5, "--x", "y")

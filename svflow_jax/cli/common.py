@@ -43,7 +43,8 @@ def add_flow_options(p: argparse.ArgumentParser) -> None:
                    help="floating-point type of states and parameters (default float64)")
     p.add_argument("--tokens", type=positive_int, help="number of tokens n (default 8)")
     p.add_argument("--dim", type=positive_int,
-                   help="dimension d of R^d, a multiple of 4 (default 16)")
+                   help="dimension d of R^d, a multiple of 4, bounded by the machine's memory "
+                   "(default 16)")
     p.add_argument("--t1", type=positive_float, help="final time T (default 1)")
     p.add_argument("--strength", type=positive_float,
                    help="scale of the random weights: the speed of the flow (default 1)")
@@ -73,16 +74,19 @@ def flow_options(args: argparse.Namespace, quick: bool = False):
 
 
 # Bounds of the random flow (documented in the options' help): attention holds n x n scores per
-# head and layer, and every solve holds a few states of n x d.
+# head and layer, every solve holds a few states of n x d, and every layer 8 d x d weights.
 MAX_REPEATS = 1000
+#: deepest Transformer of the exactness claims (``--layers``): a bound on compile and run time
+MAX_LAYERS = 4096
 
 
 def check_sizes(options) -> None:
-    """Refuses (``UsageError``, exit 2) sizes that cannot run: more memory than the machine's
-    (``--tokens``, ``--dim``), a single token, a width the claims' Transformers cannot split into
-    two heads of even width (``--dim`` not a multiple of 4), and more than
+    """Refuses (``UsageError``, exit 2) sizes that cannot run: more memory than the machine can
+    give (``--tokens``, ``--dim``, ``--layers``: :func:`~.runtime.check_memory`), more than
+    :data:`MAX_LAYERS` layers, a single token, a width the claims' Transformers cannot split
+    into two heads of even width (``--dim`` not a multiple of 4), and more than
     :data:`~.runtime.MAX_STEPS` steps per solve or :data:`MAX_REPEATS` timed repetitions."""
-    from .runtime import MAX_STEPS, check_memory
+    from .runtime import MAX_STEPS, check_at_most, check_memory
 
     n, d = options.tokens, options.dim
     if n < 2:
@@ -96,6 +100,14 @@ def check_sizes(options) -> None:
     per_solve = 8 * (8 * n * n + 64 * n * d)
     check_memory(per_solve, "--tokens" if n >= d else "--dim",
                  f"a flow of {n} tokens in d = {d}")
+    check_at_most("--layers", options.layers, MAX_LAYERS, "a bound on compile and run time")
+    # float64 weights: attention (4 d x d) and FFN (2 d x 2d) per layer, for the exactness
+    # Transformers, the deepest stack and the anchors, each drawn, copied to the device and
+    # mapped to the flow's parameters (3 copies)
+    layers = options.layers + max(options.depths) + 4
+    check_memory(8 * 8 * d * d * layers * 3,
+                 "--layers" if options.layers > max(options.depths) else "--dim",
+                 f"the weights of {layers} layers in d = {d}")
     if options.repeats > MAX_REPEATS:
         raise UsageError(f"--repeats {options.repeats}: at most {MAX_REPEATS}")
     if options.num_sizes is not None and options.num_sizes > 1000:

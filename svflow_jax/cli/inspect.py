@@ -12,7 +12,11 @@ from ..cli_types import int_at_least, positive_int, step_multiplier
 from . import runtime
 from .common import add_run_options, subcommand
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "MAX_SUBSTEPS"]
+
+#: most Euler sub-steps per layer (``--substeps``): each solve costs that many times the
+#: model's own forward pass, on every window
+MAX_SUBSTEPS = 1024
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--windows", type=positive_int, help="text windows (default 8)")
     p.add_argument("--window", type=int_at_least(2), help="tokens per window (default 128)")
     p.add_argument("--substeps", type=int_at_least(2), nargs="+",
-                   help="Euler sub-steps per layer (default 2 4 8)")
+                   help=f"Euler sub-steps per layer, at most {MAX_SUBSTEPS} (default 2 4 8)")
     p.add_argument("--schemes", nargs="*", metavar="METHOD",
                    help="higher-order methods of the solver catalogue per layer, any with a "
                    "step in R^d (svflow train --list-designs lists them; default heun rk4)")
@@ -93,6 +97,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options = InspectOptions(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
         raise runtime.UsageError(str(err).replace("_", "-")) from None
+    for m in options.substeps:
+        runtime.check_at_most("--substeps", m, MAX_SUBSTEPS, "each sub-step is a forward pass "
+                              "of the model on every window: a bound on time")
     if args.text is not None:
         text = runtime.read_text_file(args.text, "--text")
         source = display_path(args.text)

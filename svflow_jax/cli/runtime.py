@@ -45,7 +45,10 @@ __all__ = [
     "prepare_out",
     "execute",
     "machine_memory",
+    "available_memory",
+    "memory_limit",
     "check_memory",
+    "check_at_most",
     "MAX_STEPS",
     "read_text_file",
     "progress_bar",
@@ -118,14 +121,42 @@ def machine_memory() -> int:
         return 1 << 62
 
 
+def available_memory() -> int:
+    """Memory available to a new run now, in bytes: Linux's ``MemAvailable`` (what can be
+    allocated without swapping), else the physical memory (``SVFLOW_MEMORY_BYTES`` overrides
+    both)."""
+    if "SVFLOW_MEMORY_BYTES" in os.environ:
+        return machine_memory()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return machine_memory()
+
+
+def memory_limit() -> int:
+    """The most memory one estimate may ask for: half the machine's memory (the rest is for
+    JAX's buffers, the compiler and the system), and no more than is available now."""
+    return int(min(machine_memory() / 2, available_memory()))
+
+
 def check_memory(estimate: float, option: str, what: str) -> None:
-    """``UsageError`` naming ``option`` when ``estimate`` bytes exceed half the machine's
-    memory (the rest is for JAX's buffers, the compiler and the system)."""
-    limit = machine_memory() / 2
+    """``UsageError`` naming ``option``, the limit and the estimate when ``estimate`` bytes
+    exceed :func:`memory_limit`. Called before anything is allocated."""
+    limit = memory_limit()
     if estimate > limit:
         raise UsageError(f"{option}: {what} needs about {_gib(estimate)} of memory, more than "
-                         f"half of this machine's {_gib(machine_memory())}; choose a smaller "
-                         "value")
+                         f"the limit of {_gib(limit)} (half of this machine's "
+                         f"{_gib(machine_memory())}, at most the {_gib(available_memory())} "
+                         "available now); choose a smaller value")
+
+
+def check_at_most(option: str, value: int, limit: int, why: str) -> None:
+    """``UsageError`` naming ``option`` when ``value`` exceeds ``limit`` (a bound on time or
+    on what cannot be estimated before the run: ``why`` says which)."""
+    if value > limit:
+        raise UsageError(f"{option} {value}: at most {limit} ({why})")
 
 
 def _gib(n: float) -> str:
