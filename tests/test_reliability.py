@@ -263,3 +263,107 @@ def test_the_memory_limit_is_half_the_machine_and_at_most_what_is_available(monk
     assert runtime.memory_limit() <= runtime.available_memory()
     with pytest.raises(runtime.UsageError, match=r"^--x: y needs about 1\.61e\+09 GiB"):
         runtime.check_memory(2**60 * 1.5, "--x", "y")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad numbers and bad files: option errors naming what is wrong
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (b"", "the file is empty"),
+    (b"GGUF\x03\x00\x00\x00\x01", "header at byte 0 needs 24 bytes, the file has 9 left"),
+    (b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2,
+     "cannot fit in the file"),
+    (b"PK\x03\x04" + bytes(40), "not a GGUF file (magic"),
+])
+def test_a_damaged_gguf_is_refused_in_words(tmp_path, capsys, content, words):
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(content)
+    err = refused(["inspect", str(path), "--quick", "--out", str(tmp_path / "out")],
+                  f"{path}: unreadable GGUF header or tensor table", capsys)
+    assert words in err and "_Bad" not in err and "Error:" not in err
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ("{not json", "not JSON (Expecting property name"),
+    ('{"steps": 3}', 'not the config.json of a training run'),
+    ('{"steps": 3, "stepz": 4, "model": {}}', "unknown field 'stepz'"),
+    ('{"model": {"d_modl": 16}}', "unknown field 'model.d_modl'"),
+    ('{"model": {"weights": "cubic"}}', "weights must be"),
+])
+def test_a_bad_train_config_names_the_file_and_the_field(tmp_path, capsys, content, named):
+    config = tmp_path / "config.json"
+    config.write_text(content)
+    refused(["train", "--config", str(config), "--out", str(tmp_path / "out")],
+            f"--config {config}: {named}", capsys)
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["verify", "--strength", "1e6"], "--strength 1e+06: at most 30 (the float64 reference"),
+    (["sweep", "--strength", "31"], "--strength 31: at most 30"),
+    (["verify", "--t1", "1e308"], "--t1 x --strength 1e+308: at most 30"),
+    (["verify", "--t1", "10", "--strength", "4"], "--t1 x --strength 40: at most 30"),
+    (["diagnose", "--scaling-factors", "1", "1e308"], "--scaling-factors 1e+308: at most 100"),
+])
+def test_bad_numbers_are_option_errors(argv, named, tmp_path, capsys):
+    refused([*argv, "--out", str(tmp_path / "out")], named, capsys)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("split", "content"), [
+    ("valid", b""), ("valid", b"x"), ("train", b"x"), ("train", b"x" * 129)])
+def test_a_training_text_too_short_for_one_window_is_refused_by_name(
+        tmp_path, capsys, monkeypatch, split, content):
+    from pathlib import Path
+
+    from svflow_jax.training import tasks
+
+    data = tmp_path / "austen"
+    data.mkdir()
+    for name in ("train", "valid"):
+        (data / f"{name}.txt").write_bytes(b"Emma Woodhouse, handsome, clever, and rich. " * 8)
+    (data / f"{split}.txt").write_bytes(content)
+    monkeypatch.setattr(tasks, "DATA_DIR", Path(data))
+    err = refused(["train", "--context", "128", "--out", str(tmp_path / "out")],
+                  f"{data / f'{split}.txt'}: {len(content)} bytes, too short for one window of "
+                  "128 bytes", capsys)
+    assert "high <= 0" not in err and "IndexError" not in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="too short for one window"):  # the library too
+        tasks.AustenBytes(context=128).batch(0, 0, 2) if split == "train" else \
+            tasks.AustenBytes(context=128).eval_batches(2, 2)
+
+
+def test_a_text_too_short_for_the_windows_is_refused_before_the_model_loads(tmp_path, capsys):
+    text = tmp_path / "short.txt"
+    text.write_text("Emma")
+    refused(["inspect", "smollm2-135m-instruct", "--text", str(text), "--out",
+             str(tmp_path / "o")], f"--text {text}: 4 bytes, too short for 8 windows of 128 "
+            "tokens", capsys)
+    refused(["diagnose", "--text", str(text), "--quick", "--out", str(tmp_path / "o")],
+            f"--text {text}: 4 bytes, too short for 6 windows of 48 tokens", capsys)
+    text.write_text("")
+    refused(["diagnose", "--text", str(text), "--out", str(tmp_path / "o")],
+            f"--text {text}: 0 bytes", capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_unwritable_cache_dir_is_refused_with_the_other_folders(tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    refused(["verify", "--quick", "--cache-dir", str(a_file), "--out", str(tmp_path / "o")],
+            f"--cache-dir {a_file}: is a file, not a folder", capsys)
+    refused(["sweep", "--cache-dir", str(a_file / "sub"), "--out", str(tmp_path / "o")],
+            f"--cache-dir {a_file / 'sub'}: cannot create it", capsys)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root may write anywhere)
+            refused(["verify", "--quick", "--cache-dir", str(locked), "--out",
+                     str(tmp_path / "o")], f"--cache-dir {locked}: the folder is not writable",
+                    capsys)
+    finally:
+        locked.chmod(0o700)
+    assert not (tmp_path / "o").exists()

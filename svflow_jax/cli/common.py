@@ -45,9 +45,11 @@ def add_flow_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=positive_int,
                    help="dimension d of R^d, a multiple of 4, bounded by the machine's memory "
                    "(default 16)")
-    p.add_argument("--t1", type=positive_float, help="final time T (default 1)")
+    p.add_argument("--t1", type=positive_float,
+                   help=f"final time T; T x strength at most {MAX_FLOW:g} (default 1)")
     p.add_argument("--strength", type=positive_float,
-                   help="scale of the random weights: the speed of the flow (default 1)")
+                   help=f"scale of the random weights: the speed of the flow, at most "
+                   f"{MAX_FLOW:g} (default 1)")
     p.add_argument("--repeats", type=positive_int,
                    help="timed repetitions per solve; the median is reported (default 3)")
     p.add_argument("--num-sizes", type=positive_int,
@@ -78,6 +80,10 @@ def flow_options(args: argparse.Namespace, quick: bool = False):
 MAX_REPEATS = 1000
 #: deepest Transformer of the exactness claims (``--layers``): a bound on compile and run time
 MAX_LAYERS = 4096
+#: fastest flow, ``--strength`` and ``--t1 x --strength`` (the distance the tokens travel, in
+#: units of the default flow's): the float64 reference solve of a faster one stops at its step
+#: limit (``--strength 100`` does; 30 finishes)
+MAX_FLOW = 30.0
 
 
 def check_sizes(options) -> None:
@@ -85,7 +91,8 @@ def check_sizes(options) -> None:
     give (``--tokens``, ``--dim``, ``--layers``: :func:`~.runtime.check_memory`), more than
     :data:`MAX_LAYERS` layers, a single token, a width the claims' Transformers cannot split
     into two heads of even width (``--dim`` not a multiple of 4), and more than
-    :data:`~.runtime.MAX_STEPS` steps per solve or :data:`MAX_REPEATS` timed repetitions."""
+    :data:`~.runtime.MAX_STEPS` steps per solve, :data:`MAX_REPEATS` timed repetitions or a
+    flow faster than :data:`MAX_FLOW`."""
     from .runtime import MAX_STEPS, check_at_most, check_memory
 
     n, d = options.tokens, options.dim
@@ -108,6 +115,11 @@ def check_sizes(options) -> None:
     check_memory(8 * 8 * d * d * layers * 3,
                  "--layers" if options.layers > max(options.depths) else "--dim",
                  f"the weights of {layers} layers in d = {d}")
+    for option, value in (("--strength", options.strength),
+                          ("--t1 x --strength", options.t1 * options.strength)):
+        if value > MAX_FLOW:
+            raise UsageError(f"{option} {value:g}: at most {MAX_FLOW:g} (the float64 reference "
+                             "solve of a faster flow does not finish within its step limit)")
     if options.repeats > MAX_REPEATS:
         raise UsageError(f"--repeats {options.repeats}: at most {MAX_REPEATS}")
     if options.num_sizes is not None and options.num_sizes > 1000:

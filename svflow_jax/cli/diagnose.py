@@ -24,6 +24,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 #: most permutations per level (``--permutations``): each is a forward pass of the model on
 #: every window, a bound on time
 MAX_PERMUTATIONS = 1000
+#: largest attention-logit factor (``--scaling-factors``)
+MAX_SCALING = 100.0
 # the size of the default model (SmolLM2-135M) in the estimate of one window's batch: layers x
 # heads, and the vocabulary
 _LAYER_HEADS, _VOCAB, _MAX_LAYERS = 30 * 9, 49152, 64
@@ -68,8 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "text, bounded by the machine's memory (default 1000)")
     p.add_argument("--ece-bins", type=int_at_least(1), help="equal-mass ECE bins (default 10)")
     p.add_argument("--scaling-factors", type=positive_float, nargs="*", metavar="C",
-                   help="attention-logit factors; none: skip the experiment "
-                   "(default 0.5 0.75 1 1.5 2 3)")
+                   help=f"attention-logit factors, at most {MAX_SCALING:g}; none: skip the "
+                   "experiment (default 0.5 0.75 1 1.5 2 3)")
     p.add_argument("--scaling-level", type=fraction,
                    help="shuffle level of the scaling experiment (default 1)")
     p.add_argument("--scaling-windows", type=int_at_least(1),
@@ -113,7 +115,8 @@ def _config(args: argparse.Namespace):
 
 def check_sizes(config) -> None:
     """Refuses (``UsageError``, exit 2, naming the option) more than :data:`MAX_PERMUTATIONS`
-    permutations and, before anything loads, what would not fit in memory
+    permutations, attention-logit factors above :data:`MAX_SCALING` and, before anything
+    loads, what would not fit in memory
     (:func:`~.runtime.check_memory`): one window's batch (the clean window and every
     permutation of every level run together: float64 attention of every layer and head, and
     the scored tokens' log-probabilities, for a model of the default model's size; a larger
@@ -121,6 +124,9 @@ def check_sizes(config) -> None:
     every permutation, and every layer's metric)."""
     runtime.check_at_most("--permutations", config.permutations, MAX_PERMUTATIONS,
                           "each is a forward pass of the model on every window: a bound on time")
+    for factor in config.scaling_factors:
+        runtime.check_at_most("--scaling-factors", factor, MAX_SCALING,
+                              "attention logits scaled further overflow float32")
     n, s, K, W = config.context, config.scored, len(config.levels), config.windows
     batch = 1 + (K - 1) * config.permutations
     per_sequence = 8 * (2 * s * _VOCAB + 2 * _LAYER_HEADS * n * n)
@@ -155,7 +161,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if not config.documents:
         text = Path(config.text) if config.text else default_text()
-        runtime.read_text_file(text, "--text")  # exists and is UTF-8
+        content = runtime.read_text_file(text, "--text")  # exists and is UTF-8
+        runtime.check_text_length(content, text, "--text", config.windows * (config.context + 1),
+                                  f"{config.windows} windows of {config.context} tokens")
     elif config.windows % config.documents:
         raise runtime.UsageError(f"--windows {config.windows} must be a multiple of the "
                                  f"{config.documents} documents of --corpus {config.corpus}")

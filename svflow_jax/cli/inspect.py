@@ -103,6 +103,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.text is not None:
         text = runtime.read_text_file(args.text, "--text")
         source = display_path(args.text)
+        runtime.check_text_length(text, args.text, "--text", options.windows * options.window + 1,
+                                  f"{options.windows} windows of {options.window} tokens")
     else:
         from ..data import emma_opening
 
@@ -125,9 +127,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     start = time.perf_counter()
     try:
         loaded = inspection.resolve_model(args.model)
-        inspection.token_windows(loaded.tokenizer, text, options.windows, options.window)
     except (ValueError, RuntimeError) as err:
         raise runtime.UsageError(str(err)) from None
+    try:
+        inspection.token_windows(loaded.tokenizer, text, options.windows, options.window)
+    except ValueError as err:
+        raise runtime.UsageError(f"--text {args.text or source}: {err}") from None
     with runtime.progress_bar("svflow inspect", "step", args.no_progress) as (tick, total):
         results = inspection.inspect_model(loaded, text, options, progress=tick, total=total)
     summary = {"schema_version": SCHEMA_VERSION, "model": display_path(args.model),

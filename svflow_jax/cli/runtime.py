@@ -43,6 +43,7 @@ __all__ = [
     "with_quick",
     "OutputFolder",
     "prepare_out",
+    "check_writable_folder",
     "execute",
     "machine_memory",
     "available_memory",
@@ -51,6 +52,7 @@ __all__ = [
     "check_at_most",
     "MAX_STEPS",
     "read_text_file",
+    "check_text_length",
     "progress_bar",
     "fetch_packaged",
 ]
@@ -152,11 +154,15 @@ def check_memory(estimate: float, option: str, what: str) -> None:
                          "available now); choose a smaller value")
 
 
-def check_at_most(option: str, value: int, limit: int, why: str) -> None:
+def check_at_most(option: str, value: float, limit: float, why: str) -> None:
     """``UsageError`` naming ``option`` when ``value`` exceeds ``limit`` (a bound on time or
     on what cannot be estimated before the run: ``why`` says which)."""
     if value > limit:
-        raise UsageError(f"{option} {value}: at most {limit} ({why})")
+        raise UsageError(f"{option} {_number(value)}: at most {_number(limit)} ({why})")
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _gib(n: float) -> str:
@@ -335,6 +341,25 @@ def remove_leftovers(path: Path, keep: list[str]) -> list[str]:
     return removed
 
 
+def check_writable_folder(path: Path, option: str, *, create: bool = False) -> None:
+    """``UsageError`` naming ``option`` unless ``path`` is a writable folder or can be created
+    (and, with ``create``, is created)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: is a file, not a folder")
+    if not path.exists():
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: cannot create it ({parent} is not writable)")
+        if not create:
+            return
+        try:
+            path.mkdir(parents=True)
+        except OSError as error:
+            raise UsageError(f"{option} {path}: cannot create it ({error.strerror})") from None
+    elif not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: the folder is not writable")
+
+
 def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
                 resumable: bool = False) -> OutputFolder:
     """Checks and claims the output folder of ``command`` before any work.
@@ -353,18 +378,7 @@ def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
 
     Raises :class:`UsageError` (exit 2) naming ``--out``."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path}: is a file, not a folder")
-    if not path.exists():
-        parent = next((p for p in path.absolute().parents if p.exists()), None)
-        if parent is None or not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"--out {path}: cannot create it ({parent} is not writable)")
-        try:
-            path.mkdir(parents=True)
-        except OSError as error:
-            raise UsageError(f"--out {path}: cannot create it ({error.strerror})") from None
-    elif not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {path}: the folder is not writable")
+    check_writable_folder(path, "--out", create=True)
     folder = OutputFolder(path, command)
     folder.lock()
     try:
@@ -463,6 +477,8 @@ def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int
     and the traceback in ``error.log`` of the output folder (when one was prepared)."""
     with _released(args):
         try:
+            if getattr(args, "cache_dir", None) and not getattr(args, "no_compile_cache", False):
+                check_writable_folder(Path(args.cache_dir), "--cache-dir")
             return handler(args, parser)
         except UsageError as error:
             print(f"{parser.prog}: error: {error}", file=sys.stderr)
@@ -504,6 +520,18 @@ def read_text_file(path: str | Path, option: str) -> str:
                          f"{error.reason})") from None
     except OSError as error:
         raise UsageError(f"{option} {path}: cannot read it ({error.strerror})") from None
+
+
+def check_text_length(text: str, path: str | Path, option: str, tokens: int, what: str
+                      ) -> None:
+    """``UsageError`` naming ``option`` and the file when ``text`` cannot hold ``tokens``
+    tokens (``what``), before any tokenizer loads: every token of a text is at least one
+    byte."""
+    size = len(text.encode("utf-8"))
+    if size < tokens:
+        raise UsageError(f"{option} {path}: {size} bytes, too short for {what} ({tokens} "
+                         "tokens, each at least one byte); give a longer text or fewer, "
+                         "shorter windows")
 
 
 def fetch_packaged(model: str, prog: str) -> None:

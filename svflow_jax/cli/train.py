@@ -11,6 +11,7 @@ becomes non-finite stops there with exit code 1 (``final.json`` says where).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -131,11 +132,35 @@ def config_from_args(args: argparse.Namespace):
 
     base = recipe(args.task or "austen")
     if args.config is not None:
-        base = TrainConfig.from_json(json.loads(Path(args.config).read_text()))
+        base = _read_config(Path(args.config), TrainConfig)
     model = {k: getattr(args, k) for k in _MODEL_FIELDS if getattr(args, k) is not None}
     train = {k: getattr(args, k) for k in _TRAIN_FIELDS if getattr(args, k) is not None}
     return TrainConfig(**{**base.to_json(), **train,
                           "model": DesignConfig(**{**base.to_json()["model"], **model})})
+
+
+def _read_config(path: Path, config_class):
+    """The ``TrainConfig`` of a ``config.json``; ``UsageError`` naming the file and the field."""
+    text = runtime.read_text_file(path, "--config")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise runtime.UsageError(f"--config {path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise runtime.UsageError(f"--config {path}: not the config.json of a training run (an "
+                                 "object with a \"model\" object)")
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    from svflow_jax.designs import DesignConfig
+
+    model_fields = {f.name for f in dataclasses.fields(DesignConfig)}
+    unknown = [k for k in data if k not in fields] + [
+        f"model.{k}" for k in data["model"] if k not in model_fields]
+    if unknown:
+        raise runtime.UsageError(f"--config {path}: unknown field {unknown[0]!r}")
+    try:
+        return config_class.from_json(data)
+    except (ValueError, TypeError) as err:
+        raise runtime.UsageError(f"--config {path}: {err}") from None
 
 
 def check_sizes(config) -> None:
@@ -200,6 +225,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             message += " (svflow train is pre-norm by default: add --norm post)"
         raise runtime.UsageError(message) from None
     check_sizes(config)
+    from ..training.tasks import get_task
+
+    task = get_task(config.task, config.model.context)
+    if hasattr(task, "check_text"):  # a text task: one window of each split at least
+        try:
+            task.check_text()  # pyright: ignore[reportAttributeAccessIssue]
+        except ValueError as err:
+            raise runtime.UsageError(str(err)) from None
     design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(config.model.design))
     out = Path(args.out or runtime.default_out("train", design))
     args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
