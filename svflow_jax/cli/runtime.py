@@ -474,7 +474,8 @@ def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int
     """Runs a command's handler and maps what happens to the exit codes: its return value (0 or
     1); :class:`UsageError` -> ``SystemExit(2)`` with ``svflow <command>: error: <message>`` on
     stderr (as argparse's own errors); any other exception -> 3, a one-line message on stderr
-    and the traceback in ``error.log`` of the output folder (when one was prepared)."""
+    and the traceback in ``error.log`` of the output folder (when one was prepared). A
+    ``--cache-dir`` is checked first (a writable folder, or one that can be created)."""
     with _released(args):
         try:
             if getattr(args, "cache_dir", None) and not getattr(args, "no_compile_cache", False):
