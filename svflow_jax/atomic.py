@@ -5,7 +5,9 @@ its old content or its complete new content, never a mixture, whatever kills the
 new content goes to a temporary file in the same folder (same file system), is flushed and
 ``fsync``-ed, and is then renamed over the target with :func:`os.replace` (atomic on POSIX and
 Windows). The folder entry is ``fsync``-ed too where the platform allows it, so the rename
-itself survives a power cut.
+itself survives a power cut. The new file gets the mode a plain ``open(path, "w")`` would give
+it: an existing file's mode, else ``0o666`` less the process's umask (the temporary file itself
+is created owner-only, and the rename would keep that).
 
 :func:`append_line` is for logs that grow (``metrics.jsonl``): a record is one line, appended
 and flushed; a kill can at worst leave the LAST line half-written, which
@@ -22,7 +24,9 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,6 +45,31 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc``); else
+    set and restored at once, under a lock."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The mode ``open(path, "w")`` would leave: the existing file's, else ``0o666 & ~umask``."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[BinaryIO]:
     """A binary file to write ``path``'s new content into, for writers that take a file (a
@@ -51,6 +80,8 @@ def replacing(path: str | Path) -> Iterator[BinaryIO]:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):  # mkstemp's file is owner-only (0o600) whatever the umask
+            os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

@@ -402,7 +402,7 @@ def _field_part(reader, name: str, part: int) -> int:
     ("name", "part", "new", "match"),
     [
         ("general.name", 0, struct.pack("<Q", 2**60), r"needs 1152921504606846976 bytes"),
-        ("general.name", 1, b"\xff", r"UnicodeDecodeError"),
+        ("general.name", 1, b"\xff", r"a string is not UTF-8"),
         ("tokenizer.ggml.tokens", 4, struct.pack("<Q", 2**54), r"18014398509481984 items"),
         ("tokenizer.ggml.tokens", 5, struct.pack("<Q", 2**40), r"1099511627776 bytes passes"),
         ("tokenizer.ggml.token_type", 4, struct.pack("<Q", 2**32), r"4294967296 items"),

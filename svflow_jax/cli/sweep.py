@@ -61,7 +61,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = {k: v for k, v in vars(args).items()
               if k not in ("run", "no_progress", "out", "no_compile_cache", "cache_dir",
                            "overwrite", "out_folder")}
-    config_path = out / "config.json"
+    args.out_folder = runtime.prepare_out(out, "sweep", overwrite=args.overwrite, resumable=True)
+    config_path = out / "config.json"  # (an earlier sweep's: prepare_out refuses any other)
     if config_path.is_file():
         try:
             earlier = json.loads(config_path.read_text())
@@ -70,7 +71,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if earlier != config:
             raise runtime.UsageError(f"--out {out}: it holds a sweep with another configuration; "
                                      "choose another --out")
-    args.out_folder = runtime.prepare_out(out, "sweep", overwrite=args.overwrite, resumable=True)
     write_json(config_path, config)
     cache = runtime.setup_jax(args)
     from tqdm import tqdm

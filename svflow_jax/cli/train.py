@@ -11,6 +11,7 @@ becomes non-finite stops there with exit code 1 (``final.json`` says where).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -20,10 +21,13 @@ from . import runtime
 from .common import add_run_options, resolve_methods, subcommand
 from .types import nonnegative_int, positive_float, positive_int, seed
 
-__all__ = ["add_parser", "run", "config_from_args", "MAX_WIDTH"]
+__all__ = ["add_parser", "run", "config_from_args", "MAX_WIDTH", "MAX_BLOCKS"]
 
 #: largest width (``--d-model``, ``--d-ff``, ``--heads`` x ``--d-head``) and context
 MAX_WIDTH = 16384
+#: largest block count (``--num-steps``, each of ``--extra-depths``, ``--random-depths``) and
+#: number of weight anchors (``--anchors``)
+MAX_BLOCKS = 4096
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "and trains it with AdamW, warm-up + cosine decay and gradient clipping, the batch "
         "sharded over all devices. Writes config.json, metrics.jsonl/.csv, checkpoints and "
         "final.json to --out; the same command resumes an interrupted run. Widths and context "
-        f"are at most {MAX_WIDTH}, and the model must fit in the machine's memory.")
+        f"are at most {MAX_WIDTH}, block counts and anchors at most {MAX_BLOCKS}, and the model "
+        "must fit in the machine's memory.")
     p.add_argument("--config", type=Path, help="a config.json of an earlier run (explicit "
                    "options below win)")
     from ..training.recipes import BASELINE, MODEL, RECALL
@@ -126,33 +131,77 @@ def config_from_args(args: argparse.Namespace):
 
     base = recipe(args.task or "austen")
     if args.config is not None:
-        base = TrainConfig.from_json(json.loads(Path(args.config).read_text()))
+        base = _read_config(Path(args.config), TrainConfig)
     model = {k: getattr(args, k) for k in _MODEL_FIELDS if getattr(args, k) is not None}
     train = {k: getattr(args, k) for k in _TRAIN_FIELDS if getattr(args, k) is not None}
     return TrainConfig(**{**base.to_json(), **train,
                           "model": DesignConfig(**{**base.to_json()["model"], **model})})
 
 
+def _read_config(path: Path, config_class):
+    """The ``TrainConfig`` of a ``config.json``; ``UsageError`` naming the file and the field."""
+    text = runtime.read_text_file(path, "--config")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise runtime.UsageError(f"--config {path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise runtime.UsageError(f"--config {path}: not the config.json of a training run (an "
+                                 "object with a \"model\" object)")
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    from svflow_jax.designs import DesignConfig
+
+    model_fields = {f.name for f in dataclasses.fields(DesignConfig)}
+    unknown = [k for k in data if k not in fields] + [
+        f"model.{k}" for k in data["model"] if k not in model_fields]
+    if unknown:
+        raise runtime.UsageError(f"--config {path}: unknown field {unknown[0]!r}")
+    try:
+        return config_class.from_json(data)
+    except (ValueError, TypeError) as err:
+        raise runtime.UsageError(f"--config {path}: {err}") from None
+
+
 def check_sizes(config) -> None:
-    """Refuses (``UsageError``, exit 2, naming the option) widths above :data:`MAX_WIDTH` and a
-    model whose training state would not fit in memory: float32 weights with their gradient
-    and two AdamW moments (4 copies), and per block stage the activations of a batch (states,
-    FFN hidden units and attention scores, kept for the backward pass)."""
+    """Refuses (``UsageError``, exit 2, naming the option) widths above :data:`MAX_WIDTH`,
+    block and anchor counts above :data:`MAX_BLOCKS`, and a model whose training state would
+    not fit in memory (:func:`~.runtime.check_memory`, naming the option behind the largest
+    part of the estimate): float32 weights with their gradient and two AdamW moments (4
+    copies); a Chebyshev path's K x K interpolation matrices (float64: the matrix, its inverse
+    and the inversion's workspace); per block stage the activations of a batch (states, FFN
+    hidden units and attention scores, kept for the backward pass), for every block of a step:
+    ``--num-steps`` plus every ``--extra-depths``, or the deepest of ``--random-depths``."""
     m = config.model
     for option, value in (("--d-model", m.d_model), ("--d-ff", m.d_ff),
                           ("--heads x --d-head", m.n_heads * m.d_head), ("--context", m.context)):
         if value > MAX_WIDTH:
             raise runtime.UsageError(f"{option} {value}: at most {MAX_WIDTH}")
+    why = "blocks are compiled and run one after the other: a bound on time"
+    runtime.check_at_most("--num-steps", m.num_steps, MAX_BLOCKS, why)
+    runtime.check_at_most("--anchors", m.num_anchors, MAX_BLOCKS, "layers of weights")
+    for option, depths in (("--extra-depths", config.extra_depths),
+                           ("--random-depths", config.random_depths)):
+        for depth in depths:
+            runtime.check_at_most(option, depth, MAX_BLOCKS, why)
+    width = "--d-model" if m.d_model >= m.d_ff else "--d-ff"
     vocab = max(256, getattr(m, "vocab_size", 256) or 256)
     per_layer = 4 * m.d_model * m.n_heads * m.d_head + 2 * m.d_model * m.d_ff
-    weights = 2 * vocab * m.d_model + m.num_anchors * per_layer
+    parts = {  # bytes, by the option that sets them
+        "--anchors": 4 * 4 * m.num_anchors * per_layer
+        + (3 * 8 * m.num_anchors ** 2 if m.weights == "chebyshev" else 0),
+        width: 4 * 4 * 2 * vocab * m.d_model}
+    blocks = m.num_steps + sum(config.extra_depths)
+    depth_option = "--extra-depths" if sum(config.extra_depths) > m.num_steps else width
+    if config.random_depths and max(config.random_depths) > m.num_steps:
+        blocks, depth_option = max(blocks, *config.random_depths), "--random-depths"
     stages = 16  # the costliest catalogue methods evaluate up to 13 stages per block
-    activations = (config.batch_size * m.context * m.num_steps * stages
-                   * (2 * m.d_model + m.d_ff + m.n_heads * m.context))
-    option = "--d-model" if m.d_model >= m.d_ff else "--d-ff"
-    runtime.check_memory(4 * (4 * weights + activations), option,
-                         f"training this model (d = {m.d_model}, {m.num_steps} blocks, batch "
-                         f"{config.batch_size} x {m.context})")
+    activations = 4 * (config.batch_size * m.context * blocks * stages
+                       * (2 * m.d_model + m.d_ff + m.n_heads * m.context))
+    parts[depth_option] = parts.get(depth_option, 0) + activations
+    option = max(parts, key=lambda k: parts[k])
+    runtime.check_memory(sum(parts.values()), option,
+                         f"training this model (d = {m.d_model}, {m.num_anchors} anchors, "
+                         f"{blocks} blocks per step, batch {config.batch_size} x {m.context})")
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -177,6 +226,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             message += " (svflow train is pre-norm by default: add --norm post)"
         raise runtime.UsageError(message) from None
     check_sizes(config)
+    from ..training.tasks import get_task
+
+    task = get_task(config.task, config.model.context)
+    if hasattr(task, "check_text"):  # a text task: one window of each split at least
+        try:
+            task.check_text()  # pyright: ignore[reportAttributeAccessIssue]
+        except ValueError as err:
+            raise runtime.UsageError(str(err)) from None
     design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(config.model.design))
     out = Path(args.out or runtime.default_out("train", design))
     args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)

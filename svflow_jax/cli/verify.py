@@ -9,7 +9,14 @@ import os
 from pathlib import Path
 
 from . import runtime
-from .common import add_flow_options, add_run_options, flow_options, resolve_methods, subcommand
+from .common import (
+    MAX_LAYERS,
+    add_flow_options,
+    add_run_options,
+    flow_options,
+    resolve_methods,
+    subcommand,
+)
 from .types import positive_float, positive_int
 
 __all__ = ["add_parser", "run"]
@@ -26,7 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_flow_options(p)
     add_run_options(p, "verify")
     p.add_argument("--layers", type=positive_int,
-                   help="depth of the Transformers of the exactness claims (default 8)")
+                   help="depth of the Transformers of the exactness claims, at most "
+                   f"{MAX_LAYERS} (default 8)")
     p.add_argument("--step-scale", type=positive_float,
                    help="multiply every sweep's step counts (default 1)")
     p.add_argument("--quick", action="store_true",

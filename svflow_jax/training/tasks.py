@@ -50,6 +50,20 @@ class AustenBytes:
             raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
         return np.frombuffer((DATA_DIR / f"{split}.txt").read_bytes(), np.uint8)
 
+    def check_text(self) -> None:
+        """``ValueError`` naming the file when a split holds less than one window of
+        ``context`` bytes and the byte after it."""
+        for split in ("train", "valid"):
+            self._data(split)
+
+    def _data(self, split: str) -> np.ndarray:
+        data = self.text(split)
+        if len(data) < self.context + 2:
+            raise ValueError(f"{DATA_DIR / f'{split}.txt'}: {len(data)} bytes, too short for one "
+                             f"window of {self.context} bytes and the byte after it (context "
+                             f"at most {max(len(data) - 2, 0)} with this text)")
+        return data
+
     def _windows(self, data: np.ndarray, starts: np.ndarray):
         idx = starts[:, None] + np.arange(self.context + 1)[None, :]
         w = data[idx].astype(np.int32)
@@ -57,14 +71,14 @@ class AustenBytes:
 
     def batch(self, seed: int, step: int, batch_size: int):
         """Training batch ``step``: windows at uniformly random offsets."""
-        data = self.text("train")
+        data = self._data("train")
         starts = _rng(seed, step, 0).integers(0, len(data) - self.context - 1, batch_size)
         return self._windows(data, starts)
 
     def eval_batches(self, num_sequences: int, batch_size: int):
         """Validation windows, evenly spaced over the held-out novel (the same for every
         seed)."""
-        data = self.text("valid")
+        data = self._data("valid")
         starts = np.linspace(0, len(data) - self.context - 1, num_sequences).astype(np.int64)
         return [self._windows(data, starts[i:i + batch_size])
                 for i in range(0, num_sequences, batch_size)]
