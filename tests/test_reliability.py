@@ -110,7 +110,7 @@ def test_train_overwrite_keeps_another_runs_metrics(tmp_path, capsys):
     run = tmp_path / "run"
     _training_run(run, manifest=False)
     before = _files(run)
-    argv = ["train", "--design", "euler", "--num-steps", "2", "--d-model", "16", "--heads",
+    argv = ["train", "--method", "euler", "--num-steps", "2", "--d-model", "16", "--heads",
             "2", "--d-head", "8", "--d-ff", "32", "--context", "16", "--steps", "3",
             "--overwrite", "--no-progress"]
     refused([*argv, "--out", str(run)], "holds a training run", capsys)
@@ -215,7 +215,7 @@ def test_the_temporary_files_of_a_killed_run_are_removed_when_it_resumes(tmp_pat
 # Sizes: bounded or estimated before anything is allocated
 # ---------------------------------------------------------------------------------------------
 
-_SMALL_TRAIN = ["train", "--design", "euler", "--weights", "chebyshev"]
+_SMALL_TRAIN = ["train", "--method", "euler", "--weights", "chebyshev"]
 
 
 @pytest.mark.parametrize(("argv", "named"), [
@@ -255,12 +255,11 @@ def test_a_training_state_larger_than_the_memory_names_the_option_behind_it(
     assert "more than the limit of 1 GiB (half of this machine's 2 GiB" in err
 
 
-def test_the_memory_limit_is_half_the_machine_and_at_most_what_is_available(monkeypatch):
+def test_the_memory_limit_is_half_the_machine_whatever_is_free_now(monkeypatch):
     from svflow_jax.cli import runtime
 
     monkeypatch.delenv("SVFLOW_MEMORY_BYTES", raising=False)
-    assert 0 < runtime.memory_limit() <= runtime.machine_memory() / 2
-    assert runtime.memory_limit() <= runtime.available_memory()
+    assert runtime.memory_limit() == int(runtime.machine_memory() / 2) > 0
     with pytest.raises(runtime.UsageError, match=r"^--x: y needs about 1\.61e\+09 GiB"):
         runtime.check_memory(2**60 * 1.5, "--x", "y")
 

@@ -46,7 +46,6 @@ __all__ = [
     "check_writable_folder",
     "execute",
     "machine_memory",
-    "available_memory",
     "memory_limit",
     "check_memory",
     "check_at_most",
@@ -123,24 +122,11 @@ def machine_memory() -> int:
         return 1 << 62
 
 
-def available_memory() -> int:
-    """Memory available to a new run now, in bytes: Linux's ``MemAvailable`` (what can be
-    allocated without swapping), else the physical memory (``SVFLOW_MEMORY_BYTES`` overrides
-    both)."""
-    if "SVFLOW_MEMORY_BYTES" in os.environ:
-        return machine_memory()
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    return machine_memory()
-
-
 def memory_limit() -> int:
-    """The most memory one estimate may ask for: half the machine's memory (the rest is for
-    JAX's buffers, the compiler and the system), and no more than is available now."""
-    return int(min(machine_memory() / 2, available_memory()))
+    """The most memory one estimate may ask for: half the machine's physical memory (the rest
+    is for JAX's buffers, the compiler and the system). Not the memory free at the moment: a
+    run's options are accepted or refused the same way whatever else the machine is doing."""
+    return int(machine_memory() / 2)
 
 
 def check_memory(estimate: float, option: str, what: str) -> None:
@@ -150,8 +136,7 @@ def check_memory(estimate: float, option: str, what: str) -> None:
     if estimate > limit:
         raise UsageError(f"{option}: {what} needs about {_gib(estimate)} of memory, more than "
                          f"the limit of {_gib(limit)} (half of this machine's "
-                         f"{_gib(machine_memory())}, at most the {_gib(available_memory())} "
-                         "available now); choose a smaller value")
+                         f"{_gib(machine_memory())}); choose a smaller value")
 
 
 def check_at_most(option: str, value: float, limit: float, why: str) -> None:
