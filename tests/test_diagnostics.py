@@ -645,3 +645,190 @@ def test_a_metric_of_the_level_alone_is_not_reproduced():
                         "log_evidence": "not reproduced"}
     assert rho["log_evidence"]["level_controlled"]["sign"] == -1
     assert rho["log_evidence"]["level_controlled"]["partial"] > 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# The null of the level-controlled tests, the p-value and the Bonferroni-level intervals
+# --------------------------------------------------------------------------------------------
+
+# Simulated studies of the shape of the study (36 windows = 6 documents x 6, 6 levels) in which
+# metric and target are independent given the level: every test below must reject about
+# ALPHA of them. The count of rejections among STUDIES is binomial(STUDIES, ALPHA) for a
+# calibrated test; a count above its 1e-4 upper quantile (or below the lower) fails.
+STUDIES, DRAWS, ALPHA = 400, 200, 0.05
+
+
+def _binomial_band(n=STUDIES, rate=ALPHA, tail=1e-4):
+    return int(scipy.stats.binom.ppf(tail, n, rate)), int(scipy.stats.binom.isf(tail, n, rate))
+
+
+def _null_study(rng, effects, W=36, K=6, D=6):
+    """``(metric, target, groups)``: the level moves both; ``effects``: ``"window"`` (a
+    persistent effect per window, independent in metric and target) or ``"document"`` (the
+    same per document, plus smaller window effects)."""
+    level = 0.3 * np.arange(K)[None]
+    groups = np.repeat(np.arange(D), W // D)
+
+    def persistent():
+        if effects == "window":
+            return rng.normal(size=(W, 1))
+        return rng.normal(size=D)[groups][:, None] + 0.5 * rng.normal(size=(W, 1))
+
+    target = level + persistent() + 0.3 * rng.normal(size=(W, K))
+    metric = 2.0 * level + persistent() + 0.3 * rng.normal(size=(W, K))
+    return metric, target, groups
+
+
+def _rejections(effects, groups_given, seed=0):
+    """Rejections at ALPHA of the design null (stratified, partial) and of the former one."""
+    rng = np.random.default_rng(seed)
+    design, former = np.zeros(2, int), np.zeros(2, int)
+    for i in range(STUDIES):
+        metric, target, groups = _null_study(rng, effects)
+        r = stats.level_controlled_spearman(metric, target, +1, DRAWS, seed=i,
+                                            groups=groups if groups_given else None)
+        design += [r.stratified_p < ALPHA, r.partial_p < ALPHA]
+        former += [r.former_stratified_p < ALPHA, r.former_partial_p < ALPHA]
+    return design, former
+
+
+def test_design_null_is_calibrated_under_window_effects_and_the_former_is_not():
+    """Windows with a persistent effect in the metric and another, independent, in the target:
+    one permutation of the windows applied to every level rejects ALPHA of the studies; the
+    former null (each level permuted on its own) breaks the windows' profiles and rejects far
+    more (about 22% in this simulation)."""
+    lo, hi = _binomial_band()
+    design, former = _rejections("window", groups_given=False)
+    assert np.all((lo <= design) & (design <= hi)), (design, lo, hi)
+    assert np.all(former > hi), (former, hi)
+
+
+def test_document_null_is_calibrated_under_document_effects():
+    """Novel-level effects (6 documents): permuting the windows alone is no longer enough
+    (the windows of a document are not exchangeable with the others'), permuting whole
+    documents (and windows within them) is calibrated."""
+    lo, hi = _binomial_band()
+    design, former = _rejections("document", groups_given=True)
+    assert np.all((lo <= design) & (design <= hi)), (design, lo, hi)
+    assert np.all(former > hi), (former, hi)
+    windows_only, _ = _rejections("document", groups_given=False)
+    assert np.all(windows_only > hi), (windows_only, hi)
+
+
+def test_controlled_rho_is_calibrated_when_the_control_explains_both():
+    """Metric and target both follow a control (a per-window text property, the same at every
+    level) and are otherwise independent: the partial rho given the level alone finds them
+    associated (as it should), the one given the level and the control rejects about ALPHA."""
+    lo, hi = _binomial_band()
+    rng = np.random.default_rng(4)
+    W, K = 36, 6
+    level = 0.3 * np.arange(K)[None]
+    controlled = partial = 0
+    for i in range(STUDIES):
+        c = rng.normal(size=(W, 1))
+        target = level + c + rng.normal(size=(W, 1)) + 0.3 * rng.normal(size=(W, K))
+        metric = 2 * level + c + rng.normal(size=(W, 1)) + 0.3 * rng.normal(size=(W, K))
+        r = stats.level_controlled_spearman(metric, target, +1, DRAWS, seed=i,
+                                            control=np.broadcast_to(c, (W, K)))
+        controlled += r.controlled_p < ALPHA
+        partial += r.partial_p < ALPHA
+    assert lo <= controlled <= hi, (controlled, lo, hi)
+    assert partial > hi
+
+
+def test_design_permutations_move_windows_and_whole_documents():
+    perms = stats.design_permutations(12, 500, seed=1)
+    assert np.all(np.sort(perms, -1) == np.arange(12))
+    groups = np.repeat(np.arange(4), 3)
+    perms = stats.design_permutations(12, 500, seed=1, groups=groups)
+    assert np.all(np.sort(perms, -1) == np.arange(12))
+    blocks = groups[perms].reshape(500, 4, 3)
+    assert np.all(blocks == blocks[..., :1])  # each document's slots hold one whole document
+    assert len({tuple(r) for r in blocks[..., 0]}) > 20  # and the documents move
+    assert np.any(perms.reshape(500, 4, 3) % 3 != np.arange(3))  # so do windows within them
+    with pytest.raises(ValueError, match="equal sizes"):
+        stats.design_permutations(3, 5, 0, np.array([0, 0, 1]))
+
+
+def test_level_controlled_p_values_by_brute_force():
+    """The p-values are ``(1 + #{sign * null >= sign * observed}) / (1 + draws)`` over the
+    statistics of the metric with its windows permuted by :func:`design_permutations` (seed
+    ``[seed, 1]``), the same permutation at every level, recomputed here with SciPy."""
+    rng = np.random.default_rng(8)
+    W, K, B = 8, 3, 60
+    t = rng.normal(size=(W, K)) + np.arange(K)
+    m = t + rng.normal(size=(W, K))
+    perms = stats.design_permutations(W, B, [5, 1])
+
+    def stratified(a):
+        return np.mean([scipy.stats.spearmanr(a[:, k], t[:, k]).statistic for k in range(K)])
+
+    def partial(a):
+        ra = scipy.stats.rankdata(a.ravel()).reshape(W, K)
+        rt = scipy.stats.rankdata(t.ravel()).reshape(W, K)
+        return scipy.stats.pearsonr((ra - ra.mean(0)).ravel(), (rt - rt.mean(0)).ravel())[0]
+
+    for sign in (1, -1):
+        res = stats.level_controlled_spearman(m, t, sign, B, seed=5)
+        for stat, got, observed in ((stratified, res.stratified_p, res.stratified),
+                                    (partial, res.partial_p, res.partial)):
+            null = np.array([stat(m[p]) for p in perms])
+            assert observed == pytest.approx(stat(m), abs=1e-12)
+            expected = (1 + np.sum(sign * null >= sign * observed - 1e-12)) / (1 + B)
+            assert got == pytest.approx(expected, abs=1e-12), (sign, stat.__name__)
+
+
+def test_one_sided_p_counts_ties_the_observed_draw_and_the_direction():
+    null = np.array([0.1, 0.2, 0.3])
+    assert stats.one_sided_p(0.2, null, +1) == pytest.approx(3 / 4)  # 0.2 and 0.3, plus one
+    assert stats.one_sided_p(0.3, null, +1) == pytest.approx(2 / 4)  # a tie is extreme
+    assert stats.one_sided_p(0.31, null, +1) == pytest.approx(1 / 4)  # never below 1/(1+B)
+    assert stats.one_sided_p(0.2, null, -1) == pytest.approx(3 / 4)  # 0.1 and 0.2, plus one
+    assert stats.one_sided_p(0.1, null, -1) == pytest.approx(2 / 4)
+    assert stats.one_sided_p(0.3, null, -1) == pytest.approx(4 / 4)
+    assert math.isnan(stats.one_sided_p(float("nan"), null, +1))
+
+
+def test_exact_spearman_p_over_six_units():
+    """All 720 pairings of 6 units: a perfect ranking gets 1/720 (the smallest p six units
+    allow), the reverse 1 in the expected direction."""
+    a = np.arange(6.0)
+    assert stats.spearman_exact_p(a, a, +1) == (pytest.approx(1.0), pytest.approx(1 / 720))
+    assert stats.spearman_exact_p(a, a, -1)[1] == pytest.approx(1.0)
+    assert stats.smallest_p(6) == pytest.approx(1 / 720)
+    rng = np.random.default_rng(0)
+    b = a + rng.normal(size=6)
+    exact = scipy.stats.permutation_test((b,), lambda x: scipy.stats.spearmanr(x, a).statistic,
+                                         permutation_type="pairings", alternative="greater",
+                                         n_resamples=np.inf)
+    assert stats.spearman_exact_p(b, a, +1)[1] == pytest.approx(exact.pvalue, abs=1e-12)
+
+
+def test_percentile_interval_level_and_resamples_for_bonferroni():
+    """The interval's ends are the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles; the
+    resample count leaves ``beyond`` resamples past each end of a Bonferroni-level interval."""
+    s = np.arange(1.0, 10002.0)  # quantile q of 1..10001 is 1 + 10000 q
+    lo, hi = stats.percentile_interval(s, 0.9)
+    assert (lo, hi) == (pytest.approx(501.0), pytest.approx(9501.0))
+    b = stats.bonferroni_resamples(0.05, 9, beyond=40)
+    assert b == 14400 and b * 0.05 / 9 / 2 >= 40 > (b - 1) * 0.05 / 9 / 2
+    assert stats.bonferroni_resamples(0.05, 1, beyond=25) == 1000
+
+
+def test_bonferroni_interval_covers_at_its_level():
+    """Percentile intervals at level ``1 - 0.05 / 9`` of the mean of 60 normal draws, from
+    :func:`stats.bonferroni_resamples` resamples (20 beyond each end), in 300 simulated
+    samples: the misses are binomial(300, 0.05 / 9) up to the percentile bootstrap's small-
+    sample shortfall (it uses the plug-in variance and normal tails: about 0.0075 expected
+    at n = 60 instead of 0.0056; the bound is the 1e-4 upper quantile at 0.0075). An interval
+    at 95% would miss about 15."""
+    n, reps, level = 60, 300, 1 - 0.05 / 9
+    B = stats.bonferroni_resamples(0.05, 9, beyond=20)
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(reps, n))
+    idx = stats.bootstrap_indices(n, B, seed=1)
+    misses = 0
+    for r in range(reps):
+        lo, hi = stats.percentile_interval(x[r][idx].mean(-1), level)
+        misses += not lo <= 0.0 <= hi
+    assert misses <= scipy.stats.binom.isf(1e-4, reps, 0.0075), misses
