@@ -519,12 +519,15 @@ def test_across_models_verdicts_null_monotone_and_wrong_sign():
                         "kl_q_p": "not reproduced", "kl_q_p_model": "description (model units)"}
     assert out["rho"]["kappa_attn"]["level"]["rho"] > 0.9  # monotone, but the wrong way
     # the interval: SciPy's rho on each resample of the documents
-    idx = stats.cluster_bootstrap_indices(datas[0].groups, cfg.bootstrap, cfg.seed)
+    assert out["bootstrap"] == stats.bonferroni_resamples(0.05, 3) > cfg.bootstrap
+    idx = stats.cluster_bootstrap_indices(datas[0].groups, out["bootstrap"], cfg.seed)
     boot = [scipy.stats.spearmanr([d.metrics["kl_q_p"][ix, 1].mean() for d in datas],
                                   [d.nll[ix, 1].mean() for d in datas]).statistic
             for ix in idx]
     lo, hi = np.quantile(boot, [0.025, 0.975])
     assert out["rho"]["kl_q_p"]["level"]["ci"] == pytest.approx((lo, hi), abs=1e-12)
+    lo, hi = np.quantile(boot, [0.05 / 3 / 2, 1 - 0.05 / 3 / 2])  # the Bonferroni level
+    assert out["rho"]["kl_q_p"]["level"]["ci_bonferroni"] == pytest.approx((lo, hi), abs=1e-12)
     with pytest.raises(ValueError, match="at least 3"):
         across_models(datas[:2], cfg)
     with pytest.raises(ValueError, match="non-zero levels"):
@@ -832,3 +835,146 @@ def test_bonferroni_interval_covers_at_its_level():
         lo, hi = stats.percentile_interval(x[r][idx].mean(-1), level)
         misses += not lo <= 0.0 <= hi
     assert misses <= scipy.stats.binom.isf(1e-4, reps, 0.0075), misses
+
+
+# --------------------------------------------------------------------------------------------
+# The verdicts: the rule on both sides of every boundary, the metric records, the controls
+# --------------------------------------------------------------------------------------------
+
+def _entry(p1=0.001, p2=0.001, p3=0.001, sign=+1, rho=0.3, kind="svflow"):
+    return {"kind": kind, "level_controlled": {
+        "sign": sign, "stratified": sign * rho, "stratified_p": p1, "partial": sign * rho,
+        "partial_p": p2, "controlled": sign * rho, "controlled_p": p3,
+        "former_stratified_p": p1, "former_partial_p": p2}}
+
+
+@pytest.mark.parametrize("which", ["p1", "p2", "p3"])
+def test_pass_rule_at_the_bonferroni_bound(which):
+    """Each p-value just below ``0.05 / m`` passes, at or just above it fails (strictly below),
+    and a p-value between ``0.05 / m`` and 0.05 fails (the bound is Bonferroni's)."""
+    from svflow_jax.diagnose.output import tracks_perplexity
+
+    m = 9
+    bound = 0.05 / m
+    for p, ok in ((bound * (1 - 1e-9), True), (bound, False), (bound * (1 + 1e-9), False),
+                  (0.02, False)):
+        e = _entry(**{which: p})
+        assert tracks_perplexity(e, m, controls=True) is ok, (which, p)
+    # without controls the rule does not look at p3
+    assert tracks_perplexity(_entry(p3=0.5), m) is True
+    assert tracks_perplexity(_entry(p3=0.5), m, controls=True) is False
+
+
+@pytest.mark.parametrize("which", ["stratified", "partial", "controlled"])
+def test_pass_rule_needs_the_expected_sign(which):
+    from svflow_jax.diagnose.output import tracks_perplexity
+
+    for sign in (+1, -1):
+        e = _entry(sign=sign)
+        assert tracks_perplexity(e, 9, controls=True)
+        e["level_controlled"][which] *= -1  # the wrong way, with a small p
+        assert not tracks_perplexity(e, 9, controls=True), (which, sign)
+
+
+def test_verdict_names_and_the_former_rule():
+    from svflow_jax.diagnose.output import _verdict, former_verdict
+
+    assert _verdict("entropy", _entry(), 9, True) == "reproduced"
+    assert _verdict("entropy", _entry(p3=0.2), 9, True) == \
+        "not reproduced (not beyond the control)"
+    assert _verdict("entropy", _entry(p1=0.2, p3=0.2), 9, True) == "not reproduced"
+    assert _verdict("bigram_surprisal", _entry(kind="control", p3=float("nan")), 9, True) == \
+        "passes the rule (control)"
+    assert _verdict("kl_q_p_model", _entry(kind="model_units"), 9, True) == \
+        "description (model units)"
+    e = _entry(p1=0.5)
+    e["level_controlled"].update(former_stratified_p=0.001, former_partial_p=0.001)
+    assert former_verdict(e, 9) == "reproduced" and _verdict("x", e, 9, True) == \
+        "not reproduced"
+
+
+def test_population_verdict_at_its_boundaries():
+    """p strictly below the bound, rho of the expected sign, and the Bonferroni interval
+    strictly on that side of 0 (its lower end for sign +, its upper end for sign -)."""
+    from svflow_jax.diagnose.study import population_verdict
+
+    b = 0.05 / 9
+
+    def v(p=0.001, rho=0.8, ci=(0.1, 0.9), sign=+1):
+        return population_verdict({"p": p, "rho": rho, "ci_bonferroni": ci}, sign, b)
+
+    assert v() == "reproduced"
+    assert v(p=b * (1 - 1e-9)) == "reproduced" and v(p=b) == "not reproduced"
+    assert v(ci=(1e-9, 0.9)) == "reproduced" and v(ci=(0.0, 0.9)) == "not reproduced"
+    assert v(rho=-0.8) == "not reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(-0.9, -1e-9)) == "reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(-0.9, 0.0)) == "not reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(0.1, 0.9)) == "not reproduced"  # the side, not the sign
+    assert v(p=float("nan")) == "not reproduced"
+
+
+def test_metric_records_fix_the_comparisons():
+    """The Bonferroni m the rules use is the number of tested records (the SVFlow metrics in
+    flow units: 9); extraction reads the records with a layer-local version."""
+    from svflow_jax.diagnose import metrics, study
+
+    assert metrics.comparisons() == len(metrics.TESTED) == 9
+    assert set(metrics.TESTED) | set(study.MODEL_UNITS) == set(study.METRICS)
+    assert {m.name for m in metrics.CONTROLS} == {"unigram_surprisal", "bigram_surprisal"}
+    assert set(extract.LOCAL_METRICS) == {"kl_clean", "kl_q_p", "entropy"}
+    assert all(m.name in extract.LayerSummaries._fields for m in metrics.SVFLOW)
+    with pytest.raises(ValueError, match="sign"):
+        metrics.Metric("x", "", 0, "svflow", lambda s: s)
+
+
+def test_text_counts_by_hand():
+    """Two documents of a 4-token vocabulary; the window's own document left out."""
+    from svflow_jax.diagnose.metrics import TextCounts
+
+    counts = TextCounts({"a": np.array([0, 1, 0, 1, 2]), "b": np.array([3, 3, 0])}, vocab=4)
+    # unigram, both documents: c(0) = 3 of N = 8, V = 4
+    assert counts.surprisal(None, np.array([0]), 1)[0] == pytest.approx(-math.log(4 / 12))
+    # leaving out "a": c(0) = 1 of N = 3
+    assert counts.surprisal(None, np.array([0]), 1, exclude=0)[0] == pytest.approx(
+        -math.log(2 / 7))
+    # bigram (0 -> 1): c(0, 1) = 2, c(0 .) = 2 in "a", 0 in "b"; P1(1) = 3 / 12
+    p1 = 3 / 12
+    assert counts.surprisal(np.array([0]), np.array([1]), 2)[0] == pytest.approx(
+        -math.log((2 + p1) / (2 + 1)))
+    # an unseen context falls back to the unigram: (0 + P1) / (0 + 1)
+    p1_2 = (1 + 1) / 12
+    assert counts.surprisal(np.array([2]), np.array([2]), 2)[0] == pytest.approx(
+        -math.log(p1_2))
+    with pytest.raises(ValueError, match="order"):
+        counts.surprisal(np.array([0]), np.array([1]), 3)
+
+
+def test_controls_decide_what_a_metric_adds():
+    """The text's difficulty (a control, the same at every level) drives each window's
+    perplexity. A metric that is the difficulty plus noise passes the level-controlled tests
+    but is "not reproduced (not beyond the control)"; one that follows the perplexity itself
+    beyond the difficulty is "reproduced"; the control passes the rule (it tracks perplexity:
+    the rule alone cannot tell it from an SVFlow metric)."""
+    from svflow_jax.diagnose.output import headline
+    from svflow_jax.diagnose.study import analyse_shuffle
+
+    W, K = 24, 6
+    rng = np.random.default_rng(1)
+    difficulty = rng.normal(size=(W, 1))
+    data, cfg = _synthetic_study({
+        "entropy": lambda nll, rng: nll + 0.05 * rng.normal(size=nll.shape),
+        "kappa_attn": lambda nll, rng: -(difficulty + 0.3 * rng.normal(size=(W, 1))
+                                         + 0.3 * np.arange(K)),
+    }, W=W, K=K)
+    data.nll = data.nll + difficulty
+    data.controls = {"unigram_surprisal": np.broadcast_to(difficulty, (W, K)).copy()}
+    summary = {"shuffle": analyse_shuffle(data, cfg), "scaling": None}
+    verdicts = {r["statement"].split()[0]: r["verdict"] for r in headline(summary)
+                if "tracks perplexity" in r["statement"]}
+    assert verdicts == {"entropy": "reproduced",
+                        "kappa_attn": "not reproduced (not beyond the control)",
+                        "unigram_surprisal": "passes the rule (control)"}
+    sh = summary["shuffle"]
+    assert sh["tested"] == 2 and sh["design"]["bound"] == pytest.approx(0.05 / 2)
+    assert sh["design"]["null"] == "windows" and sh["design"]["controls"] == [
+        "unigram_surprisal"]

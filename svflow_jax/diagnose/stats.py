@@ -299,23 +299,32 @@ def _stratified(rm: np.ndarray, rt: np.ndarray) -> np.ndarray:
         return np.where(ok.any(-1), (rho * ok).sum(-1) / np.maximum(ok.sum(-1), 1), np.nan)
 
 
-def _partial(em: np.ndarray, et: np.ndarray, ec: np.ndarray | None = None) -> np.ndarray:
-    """Correlation of level-residual ranks ``em (..., K, W)`` with ``et (K, W)``; with a
-    control ``ec (K, W)`` (to which ``et`` is orthogonal), of ``em``'s part orthogonal to it."""
+def _partial(em: np.ndarray, et: np.ndarray, basis: np.ndarray | None = None) -> np.ndarray:
+    """Correlation of level-residual ranks ``em (..., K, W)`` with ``et (K, W)``; with an
+    orthonormal ``basis (C, K W)`` of controls (to which ``et`` is orthogonal), of ``em``'s part
+    orthogonal to them."""
     num = (em * et).sum((-2, -1))
-    mm = (em * em).sum((-2, -1))
-    if ec is not None and (cc := (ec * ec).sum()) > 0:
-        mm = mm - (em * ec).sum((-2, -1)) ** 2 / cc
+    full = (em * em).sum((-2, -1))
+    mm = full
+    if basis is not None:
+        mm = full - ((em.reshape(*em.shape[:-2], 1, -1) * basis).sum(-1) ** 2).sum(-1)
     den = np.sqrt(np.maximum(mm, 0.0) * (et * et).sum())
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 1e-12 * np.sqrt((em * em).sum((-2, -1)) * (et * et).sum()),
+        return np.where(den > 1e-12 * np.sqrt(full * (et * et).sum()),
                         num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _off(e: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``e (K, W)`` less its least-squares projection on ``c (K, W)``."""
-    cc = (c * c).sum()
-    return e - (e * c).sum() / cc * c if cc > 0 else e
+def _basis(controls: np.ndarray) -> np.ndarray:
+    """An orthonormal basis ``(C', K W)`` of the span of ``controls (C, K, W)``."""
+    flat = controls.reshape(len(controls), -1).T  # (K W, C)
+    q, r = np.linalg.qr(flat)
+    keep = np.abs(np.diag(r)) > 1e-10 * max(1.0, float(np.abs(r).max(initial=0.0)))
+    return q[:, keep].T
+
+
+def _off(e: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """``e (K, W)`` less its least-squares projection on the span of ``basis``."""
+    return e - (basis.T @ (basis @ e.ravel())).reshape(e.shape)
 
 
 def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
@@ -324,8 +333,9 @@ def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
                               control: np.ndarray | None = None) -> LevelControlled:
     """:class:`LevelControlled` statistics of ``metric (W, K)`` against ``target (W, K)``
     (windows by levels; the target is per-window, e.g. the log-perplexity of each window's
-    scored tokens at each level), with ``control (W, K)`` for the controlled rho and ``groups``
-    (each window's document) for the null over documents.
+    scored tokens at each level), with ``control (W, K)`` or ``(C, W, K)`` (several controls)
+    for the controlled rho and ``groups`` (each window's document) for the null over
+    documents.
 
     A permutation of the windows moves whole rows of the ranks (the within-level ranks and the
     level-mean ranks are unchanged as sets), so the nulls permute the rows of the ranks once
@@ -336,9 +346,12 @@ def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
     if metric.ndim != 2 or metric.shape != target.shape:
         raise ValueError(f"metric and target must both be (windows, levels), got "
                          f"{metric.shape} and {target.shape}")
-    if control is not None and np.shape(control) != metric.shape:
-        raise ValueError(f"control must be (windows, levels) {metric.shape}, got "
-                         f"{np.shape(control)}")
+    if control is not None:
+        control = np.asarray(control, np.float64)
+        control = control[None] if control.ndim == 2 else control
+        if control.shape[1:] != metric.shape:
+            raise ValueError(f"control must be (windows, levels) {metric.shape} or (controls, "
+                             f"windows, levels), got {control.shape}")
     _check_test(sign, permutations)
     W, K = metric.shape
     rm, rt = _within_level_ranks(metric), _within_level_ranks(target)
@@ -354,11 +367,11 @@ def level_controlled_spearman(metric: np.ndarray, target: np.ndarray, sign: int,
     null_p = _partial(np.moveaxis(em[:, joint], 1, 0), et)
     controlled, controlled_p = float("nan"), float("nan")
     if control is not None:
-        ec = _within_level_scores(control)
-        xm = _off(_within_level_scores(metric), ec)
-        xt = _off(_within_level_scores(target), ec)
-        controlled = float(_partial(xm, xt, ec))
-        null_c = _partial(np.moveaxis(xm[:, joint], 1, 0), xt, ec)
+        basis = _basis(np.stack([_within_level_scores(c) for c in control]))
+        xm = _off(_within_level_scores(metric), basis)
+        xt = _off(_within_level_scores(target), basis)
+        controlled = float(_partial(xm, xt, basis))
+        null_c = _partial(np.moveaxis(xm[:, joint], 1, 0), xt, basis)
         controlled_p = one_sided_p(controlled, null_c, sign)
     return LevelControlled(
         stratified=strat, stratified_p=one_sided_p(strat, null_s, sign), partial=part,
