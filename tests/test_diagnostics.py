@@ -460,6 +460,21 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert "A quick run: 6 windows are too few to detect these effects" in report
     assert summary["text"]["path"].startswith("svflow_jax/data/austen (austen: 6 novels")
     assert "site-packages" not in report and str(tmp_path) not in report
+    # the design: the documents' null, the controls through the same rule, the legend
+    from svflow_jax.diagnose import metrics
+
+    design = summary["shuffle"]["design"]
+    assert design["null"] == "documents" and design["tested"] == metrics.comparisons()
+    assert design["smallest_document_p"] == pytest.approx(1 / 720)
+    assert design["controls"] == [m.name for m in metrics.CONTROLS]
+    rho = summary["shuffle"]["rho"]
+    assert [n for n, e in rho.items() if e["kind"] == "svflow"] == list(metrics.TESTED)
+    for name in design["controls"]:
+        lc = rho[name]["level_controlled"]
+        assert math.isfinite(lc["partial_p"]) and math.isnan(lc["controlled_p"])
+    assert all(math.isfinite(rho[n]["level_controlled"]["controlled_p"])
+               for n in metrics.TESTED)
+    assert "Which test decides" in report and "1/720" in report
 
 
 def _population(values_of, M=8, D=6, per=2, seed=0):
@@ -978,3 +993,28 @@ def test_controls_decide_what_a_metric_adds():
     assert sh["tested"] == 2 and sh["design"]["bound"] == pytest.approx(0.05 / 2)
     assert sh["design"]["null"] == "windows" and sh["design"]["controls"] == [
         "unigram_surprisal"]
+
+
+def test_across_models_bonferroni_interval_level_and_resamples():
+    """The Bonferroni interval is the ``(b / 2, 1 - b / 2)`` percentile interval (``b = 0.05 /
+    m``, m = 2 here) of SciPy's rho over document resamples, ``bonferroni_resamples`` of them
+    (40 beyond each end); a metric noisy enough that the 95% interval differs from it."""
+    from svflow_jax.diagnose.study import across_models
+
+    datas, cfg = _population({
+        "entropy": lambda nll, i, rng: nll + 0.6 * rng.normal(size=nll.shape),
+        "kl_q_p": lambda nll, i, rng: rng.normal(size=nll.shape),
+    }, M=6, D=6, per=2)
+    out = across_models(datas, cfg)
+    B = out["bootstrap"]
+    assert out["tested"] == 2 and B == stats.bonferroni_resamples(0.05, 2)
+    assert B * 0.05 / 2 / 2 >= 40
+    idx = stats.cluster_bootstrap_indices(datas[0].groups, B, cfg.seed)
+    boot = np.array([scipy.stats.spearmanr([d.metrics["entropy"][ix, 1].mean() for d in datas],
+                                           [d.nll[ix, 1].mean() for d in datas]).statistic
+                     for ix in idx])
+    b = 0.05 / 2
+    lo, hi = np.quantile(boot, [b / 2, 1 - b / 2])
+    got = out["rho"]["entropy"]["level"]["ci_bonferroni"]
+    assert got == pytest.approx((lo, hi), abs=1e-12)
+    assert got != pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-6)

@@ -350,7 +350,7 @@ def legend(sh: dict[str, Any]) -> list[str]:
 def _verdict_table(sh: dict[str, Any]) -> list[str]:
     m, controls = _tested(sh["rho"]), _controlled(sh)
     docs = "documents" in sh.get("design", {})
-    lines = [*legend(sh), "",
+    lines = [*(x for paragraph in legend(sh) for x in (paragraph, ""))][:-1] + ["",
              "| metric | kind | sign | within-level rho | p1 | partial rho | p2 | given the "
              "controls | p3 | verdict | former null |" + (" between documents (p) |" if docs
                                                            else ""),
