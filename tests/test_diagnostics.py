@@ -475,6 +475,11 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert all(math.isfinite(rho[n]["level_controlled"]["controlled_p"])
                for n in metrics.TESTED)
     assert "Which test decides" in report and "1/720" in report
+    saved = np.load(out / "data.npz")
+    for name in design["controls"]:  # the scored tokens never move: equal at every level
+        c = saved[f"control_{name}"]
+        assert c.shape == (6, 5) and np.all(c == c[:, :1])
+        assert math.isnan(rho[name]["perplexity"]["rho"])
 
 
 def _population(values_of, M=8, D=6, per=2, seed=0):

@@ -316,7 +316,11 @@ def run_shuffle_study(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config
             skip = None if exclude is None else exclude(-1 if doc is None else doc)
             for metric in CONTROLS:
                 v = metric.read(counts, previous, tokens, skip)  # (P,)
-                controls[metric.name].append([v[level_of == k].mean() for k in range(K)])
+                # the level mean, exactly the value when a level's values are equal (as they
+                # are: the scored tokens and their predecessors never move)
+                controls[metric.name].append(
+                    [v[level_of == k][0] + (v[level_of == k] - v[level_of == k][0]).mean()
+                     for k in range(K)])
         for name in DEPTH_METRICS:
             a = res.local[name].mean(-1)  # (L, P): head-averaged
             local[name].append(np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
@@ -421,6 +425,7 @@ def _level_controlled(data: ShuffleData, config: StudyConfig, idx: np.ndarray, p
     """Per metric (the SVFlow metrics, then the controls): rho with perplexity and ECE across
     levels, across cells, the level-controlled statistics with the design's null (given the
     level, and given the level and the controls), and, with documents, rho between them."""
+    assert data.nll is not None
     L = next(iter(data.metrics.values())).shape[-1]
     series = {name: m.mean(-1) for name, m in data.metrics.items()}  # (W, K) layer means
     series.update(data.controls)
@@ -433,6 +438,10 @@ def _level_controlled(data: ShuffleData, config: StudyConfig, idx: np.ndarray, p
         m0 = layer_mean.mean(0)
         entry: dict[str, Any] = {"kind": record.kind if record is not None else "other"}
         for task, t0, tb in (("perplexity", ppl0, pplb), ("ece", ece0, eceb)):
+            if name in data.controls:  # the same at every level: no rho across levels
+                entry[task] = {"rho": float("nan"), "ci": (float("nan"), float("nan")),
+                               "per_layer": []}
+                continue
             with np.errstate(invalid="ignore"):
                 entry[task] = {
                     "rho": float(stats.spearman(m0, t0)),
