@@ -81,7 +81,8 @@ def tracks_perplexity(entry: dict[str, Any], comparisons: int, alpha: float = 0.
     model-free controls must pass the same way. A metric that depends on the shuffle level
     alone fails it, however monotone; one that follows the text's difficulty alone fails it
     with ``controls``."""
-    lc = entry["level_controlled"]
+    # a NaN statistic or p-value (null in summary.json) never passes
+    lc = {k: float("nan") if v is None else v for k, v in entry["level_controlled"].items()}
     bound = alpha / comparisons
     s = lc["sign"]
     ok = (lc["stratified_p"] < bound and lc["partial_p"] < bound
