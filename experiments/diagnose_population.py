@@ -20,7 +20,8 @@ Every model goes through the prefix-shuffling study
 the same passages; then :func:`svflow_jax.diagnose.study.across_models` gives, per metric,
 Spearman's rho across the models of the metric at that level against the perplexity there
 (the tested claim), of the clean values and of the changes, with a cluster bootstrap over the
-six documents for the intervals, a one-sided permutation p-value over the models in the
+six documents for the intervals (enough resamples for 40 beyond each end of the Bonferroni
+interval, at least ``--bootstrap``), a one-sided permutation p-value over the models in the
 expected direction (:data:`svflow_jax.diagnose.study.EXPECTED_SIGN`), and a verdict with
 Bonferroni over the ``m`` metrics tested. Each model's validation perplexity (every position of
 16 windows of 128 bytes per held-out document) is reported beside it.

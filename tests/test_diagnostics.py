@@ -459,6 +459,26 @@ def test_cli_quick_on_smollm2_writes_everything(tmp_path):
     assert "A quick run: 6 windows are too few to detect these effects" in report
     assert summary["text"]["path"].startswith("svflow_jax/data/austen (austen: 6 novels")
     assert "site-packages" not in report and str(tmp_path) not in report
+    # the design: the documents' null, the controls through the same rule, the legend
+    from svflow_jax.diagnose import metrics
+
+    design = summary["shuffle"]["design"]
+    assert design["null"] == "documents" and design["tested"] == metrics.comparisons()
+    assert design["smallest_document_p"] == pytest.approx(1 / 720)
+    assert design["controls"] == [m.name for m in metrics.CONTROLS]
+    rho = summary["shuffle"]["rho"]
+    assert [n for n, e in rho.items() if e["kind"] == "svflow"] == list(metrics.TESTED)
+    for name in design["controls"]:
+        lc = rho[name]["level_controlled"]
+        assert math.isfinite(lc["partial_p"]) and lc["controlled_p"] is None  # NaN in JSON
+    assert all(math.isfinite(rho[n]["level_controlled"]["controlled_p"])
+               for n in metrics.TESTED)
+    assert "Which test decides" in report and "1/720" in report
+    saved = np.load(out / "data.npz")
+    for name in design["controls"]:  # the scored tokens never move: equal at every level
+        c = saved[f"control_{name}"]
+        assert c.shape == (6, 5) and np.all(c == c[:, :1])
+        assert rho[name]["perplexity"]["rho"] is None
 
 
 def _population(values_of, M=8, D=6, per=2, seed=0):
@@ -518,12 +538,15 @@ def test_across_models_verdicts_null_monotone_and_wrong_sign():
                         "kl_q_p": "not reproduced", "kl_q_p_model": "description (model units)"}
     assert out["rho"]["kappa_attn"]["level"]["rho"] > 0.9  # monotone, but the wrong way
     # the interval: SciPy's rho on each resample of the documents
-    idx = stats.cluster_bootstrap_indices(datas[0].groups, cfg.bootstrap, cfg.seed)
+    assert out["bootstrap"] == stats.bonferroni_resamples(0.05, 3) > cfg.bootstrap
+    idx = stats.cluster_bootstrap_indices(datas[0].groups, out["bootstrap"], cfg.seed)
     boot = [scipy.stats.spearmanr([d.metrics["kl_q_p"][ix, 1].mean() for d in datas],
                                   [d.nll[ix, 1].mean() for d in datas]).statistic
             for ix in idx]
     lo, hi = np.quantile(boot, [0.025, 0.975])
     assert out["rho"]["kl_q_p"]["level"]["ci"] == pytest.approx((lo, hi), abs=1e-12)
+    lo, hi = np.quantile(boot, [0.05 / 3 / 2, 1 - 0.05 / 3 / 2])  # the Bonferroni level
+    assert out["rho"]["kl_q_p"]["level"]["ci_bonferroni"] == pytest.approx((lo, hi), abs=1e-12)
     with pytest.raises(ValueError, match="at least 3"):
         across_models(datas[:2], cfg)
     with pytest.raises(ValueError, match="non-zero levels"):
@@ -644,3 +667,358 @@ def test_a_metric_of_the_level_alone_is_not_reproduced():
                         "log_evidence": "not reproduced"}
     assert rho["log_evidence"]["level_controlled"]["sign"] == -1
     assert rho["log_evidence"]["level_controlled"]["partial"] > 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# The null of the level-controlled tests, the p-value and the Bonferroni-level intervals
+# --------------------------------------------------------------------------------------------
+
+# Simulated studies of the shape of the study (36 windows = 6 documents x 6, 6 levels) in which
+# metric and target are independent given the level: every test below must reject about
+# ALPHA of them. The count of rejections among STUDIES is binomial(STUDIES, ALPHA) for a
+# calibrated test; a count above its 1e-4 upper quantile (or below the lower) fails.
+STUDIES, DRAWS, ALPHA = 400, 200, 0.05
+
+
+def _binomial_band(n=STUDIES, rate=ALPHA, tail=1e-4):
+    return int(scipy.stats.binom.ppf(tail, n, rate)), int(scipy.stats.binom.isf(tail, n, rate))
+
+
+def _null_study(rng, effects, W=36, K=6, D=6):
+    """``(metric, target, groups)``: the level moves both; ``effects``: ``"window"`` (a
+    persistent effect per window, independent in metric and target) or ``"document"`` (the
+    same per document, plus smaller window effects)."""
+    level = 0.3 * np.arange(K)[None]
+    groups = np.repeat(np.arange(D), W // D)
+
+    def persistent():
+        if effects == "window":
+            return rng.normal(size=(W, 1))
+        return rng.normal(size=D)[groups][:, None] + 0.5 * rng.normal(size=(W, 1))
+
+    target = level + persistent() + 0.3 * rng.normal(size=(W, K))
+    metric = 2.0 * level + persistent() + 0.3 * rng.normal(size=(W, K))
+    return metric, target, groups
+
+
+def _rejections(effects, groups_given, seed=0):
+    """Rejections at ALPHA of the design null (stratified, partial) and of the former one."""
+    rng = np.random.default_rng(seed)
+    design, former = np.zeros(2, int), np.zeros(2, int)
+    for i in range(STUDIES):
+        metric, target, groups = _null_study(rng, effects)
+        r = stats.level_controlled_spearman(metric, target, +1, DRAWS, seed=i,
+                                            groups=groups if groups_given else None)
+        design += [r.stratified_p < ALPHA, r.partial_p < ALPHA]
+        former += [r.former_stratified_p < ALPHA, r.former_partial_p < ALPHA]
+    return design, former
+
+
+def test_design_null_is_calibrated_under_window_effects_and_the_former_is_not():
+    """Windows with a persistent effect in the metric and another, independent, in the target:
+    one permutation of the windows applied to every level rejects ALPHA of the studies; the
+    former null (each level permuted on its own) breaks the windows' profiles and rejects far
+    more (about 22% in this simulation)."""
+    lo, hi = _binomial_band()
+    design, former = _rejections("window", groups_given=False)
+    assert np.all((lo <= design) & (design <= hi)), (design, lo, hi)
+    assert np.all(former > hi), (former, hi)
+
+
+def test_document_null_is_calibrated_under_document_effects():
+    """Novel-level effects (6 documents): permuting the windows alone is no longer enough
+    (the windows of a document are not exchangeable with the others'), permuting whole
+    documents (and windows within them) is calibrated."""
+    lo, hi = _binomial_band()
+    design, former = _rejections("document", groups_given=True)
+    assert np.all((lo <= design) & (design <= hi)), (design, lo, hi)
+    assert np.all(former > hi), (former, hi)
+    windows_only, _ = _rejections("document", groups_given=False)
+    assert np.all(windows_only > hi), (windows_only, hi)
+
+
+def test_controlled_rho_is_calibrated_when_the_control_explains_both():
+    """Metric and target both follow a control (a per-window text property, the same at every
+    level) and are otherwise independent: the partial rho given the level alone finds them
+    associated (as it should), the one given the level and the control rejects about ALPHA."""
+    lo, hi = _binomial_band()
+    rng = np.random.default_rng(4)
+    W, K = 36, 6
+    level = 0.3 * np.arange(K)[None]
+    controlled = partial = 0
+    for i in range(STUDIES):
+        c = rng.normal(size=(W, 1))
+        target = level + c + rng.normal(size=(W, 1)) + 0.3 * rng.normal(size=(W, K))
+        metric = 2 * level + c + rng.normal(size=(W, 1)) + 0.3 * rng.normal(size=(W, K))
+        r = stats.level_controlled_spearman(metric, target, +1, DRAWS, seed=i,
+                                            control=np.broadcast_to(c, (W, K)))
+        controlled += r.controlled_p < ALPHA
+        partial += r.partial_p < ALPHA
+    assert lo <= controlled <= hi, (controlled, lo, hi)
+    assert partial > hi
+
+
+def test_design_permutations_move_windows_and_whole_documents():
+    perms = stats.design_permutations(12, 500, seed=1)
+    assert np.all(np.sort(perms, -1) == np.arange(12))
+    groups = np.repeat(np.arange(4), 3)
+    perms = stats.design_permutations(12, 500, seed=1, groups=groups)
+    assert np.all(np.sort(perms, -1) == np.arange(12))
+    blocks = groups[perms].reshape(500, 4, 3)
+    assert np.all(blocks == blocks[..., :1])  # each document's slots hold one whole document
+    assert len({tuple(r) for r in blocks[..., 0]}) > 20  # and the documents move
+    assert np.any(perms.reshape(500, 4, 3) % 3 != np.arange(3))  # so do windows within them
+    with pytest.raises(ValueError, match="equal sizes"):
+        stats.design_permutations(3, 5, 0, np.array([0, 0, 1]))
+
+
+def test_level_controlled_p_values_by_brute_force():
+    """The p-values are ``(1 + #{sign * null >= sign * observed}) / (1 + draws)`` over the
+    statistics of the metric with its windows permuted by :func:`design_permutations` (seed
+    ``[seed, 1]``), the same permutation at every level, recomputed here with SciPy."""
+    rng = np.random.default_rng(8)
+    W, K, B = 8, 3, 60
+    t = rng.normal(size=(W, K)) + np.arange(K)
+    m = t + rng.normal(size=(W, K))
+    perms = stats.design_permutations(W, B, [5, 1])
+
+    def stratified(a):
+        return np.mean([scipy.stats.spearmanr(a[:, k], t[:, k]).statistic for k in range(K)])
+
+    def partial(a):
+        ra = scipy.stats.rankdata(a.ravel()).reshape(W, K)
+        rt = scipy.stats.rankdata(t.ravel()).reshape(W, K)
+        return scipy.stats.pearsonr((ra - ra.mean(0)).ravel(), (rt - rt.mean(0)).ravel())[0]
+
+    for sign in (1, -1):
+        res = stats.level_controlled_spearman(m, t, sign, B, seed=5)
+        for stat, got, observed in ((stratified, res.stratified_p, res.stratified),
+                                    (partial, res.partial_p, res.partial)):
+            null = np.array([stat(m[p]) for p in perms])
+            assert observed == pytest.approx(stat(m), abs=1e-12)
+            expected = (1 + np.sum(sign * null >= sign * observed - 1e-12)) / (1 + B)
+            assert got == pytest.approx(expected, abs=1e-12), (sign, stat.__name__)
+
+
+def test_one_sided_p_counts_ties_the_observed_draw_and_the_direction():
+    null = np.array([0.1, 0.2, 0.3])
+    assert stats.one_sided_p(0.2, null, +1) == pytest.approx(3 / 4)  # 0.2 and 0.3, plus one
+    assert stats.one_sided_p(0.3, null, +1) == pytest.approx(2 / 4)  # a tie is extreme
+    assert stats.one_sided_p(0.31, null, +1) == pytest.approx(1 / 4)  # never below 1/(1+B)
+    assert stats.one_sided_p(0.2, null, -1) == pytest.approx(3 / 4)  # 0.1 and 0.2, plus one
+    assert stats.one_sided_p(0.1, null, -1) == pytest.approx(2 / 4)
+    assert stats.one_sided_p(0.3, null, -1) == pytest.approx(4 / 4)
+    assert math.isnan(stats.one_sided_p(float("nan"), null, +1))
+
+
+def test_exact_spearman_p_over_six_units():
+    """All 720 pairings of 6 units: a perfect ranking gets 1/720 (the smallest p six units
+    allow), the reverse 1 in the expected direction."""
+    a = np.arange(6.0)
+    assert stats.spearman_exact_p(a, a, +1) == (pytest.approx(1.0), pytest.approx(1 / 720))
+    assert stats.spearman_exact_p(a, a, -1)[1] == pytest.approx(1.0)
+    assert stats.smallest_p(6) == pytest.approx(1 / 720)
+    rng = np.random.default_rng(0)
+    b = a + rng.normal(size=6)
+    exact = scipy.stats.permutation_test((b,), lambda x: scipy.stats.spearmanr(x, a).statistic,
+                                         permutation_type="pairings", alternative="greater",
+                                         n_resamples=np.inf)
+    assert stats.spearman_exact_p(b, a, +1)[1] == pytest.approx(exact.pvalue, abs=1e-12)
+
+
+def test_percentile_interval_level_and_resamples_for_bonferroni():
+    """The interval's ends are the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles; the
+    resample count leaves ``beyond`` resamples past each end of a Bonferroni-level interval."""
+    s = np.arange(1.0, 10002.0)  # quantile q of 1..10001 is 1 + 10000 q
+    lo, hi = stats.percentile_interval(s, 0.9)
+    assert (lo, hi) == (pytest.approx(501.0), pytest.approx(9501.0))
+    b = stats.bonferroni_resamples(0.05, 9, beyond=40)
+    assert b == 14400 and b * 0.05 / 9 / 2 >= 40 > (b - 1) * 0.05 / 9 / 2
+    assert stats.bonferroni_resamples(0.05, 1, beyond=25) == 1000
+
+
+def test_bonferroni_interval_covers_at_its_level():
+    """Percentile intervals at level ``1 - 0.05 / 9`` of the mean of 60 normal draws, from
+    :func:`stats.bonferroni_resamples` resamples (20 beyond each end), in 300 simulated
+    samples: the misses are binomial(300, 0.05 / 9) up to the percentile bootstrap's small-
+    sample shortfall (it uses the plug-in variance and normal tails: about 0.0075 expected
+    at n = 60 instead of 0.0056; the bound is the 1e-4 upper quantile at 0.0075). An interval
+    at 95% would miss about 15."""
+    n, reps, level = 60, 300, 1 - 0.05 / 9
+    B = stats.bonferroni_resamples(0.05, 9, beyond=20)
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(reps, n))
+    idx = stats.bootstrap_indices(n, B, seed=1)
+    misses = 0
+    for r in range(reps):
+        lo, hi = stats.percentile_interval(x[r][idx].mean(-1), level)
+        misses += not lo <= 0.0 <= hi
+    assert misses <= scipy.stats.binom.isf(1e-4, reps, 0.0075), misses
+
+
+# --------------------------------------------------------------------------------------------
+# The verdicts: the rule on both sides of every boundary, the metric records, the controls
+# --------------------------------------------------------------------------------------------
+
+def _entry(p1=0.001, p2=0.001, p3=0.001, sign=+1, rho=0.3, kind="svflow"):
+    return {"kind": kind, "level_controlled": {
+        "sign": sign, "stratified": sign * rho, "stratified_p": p1, "partial": sign * rho,
+        "partial_p": p2, "controlled": sign * rho, "controlled_p": p3,
+        "former_stratified_p": p1, "former_partial_p": p2}}
+
+
+@pytest.mark.parametrize("which", ["p1", "p2", "p3"])
+def test_pass_rule_at_the_bonferroni_bound(which):
+    """Each p-value just below ``0.05 / m`` passes, at or just above it fails (strictly below),
+    and a p-value between ``0.05 / m`` and 0.05 fails (the bound is Bonferroni's)."""
+    from svflow_jax.diagnose.output import tracks_perplexity
+
+    m = 9
+    bound = 0.05 / m
+    for p, ok in ((bound * (1 - 1e-9), True), (bound, False), (bound * (1 + 1e-9), False),
+                  (0.02, False)):
+        e = _entry(**{which: p})
+        assert tracks_perplexity(e, m, controls=True) is ok, (which, p)
+    # without controls the rule does not look at p3
+    assert tracks_perplexity(_entry(p3=0.5), m) is True
+    assert tracks_perplexity(_entry(p3=0.5), m, controls=True) is False
+
+
+@pytest.mark.parametrize("which", ["stratified", "partial", "controlled"])
+def test_pass_rule_needs_the_expected_sign(which):
+    from svflow_jax.diagnose.output import tracks_perplexity
+
+    for sign in (+1, -1):
+        e = _entry(sign=sign)
+        assert tracks_perplexity(e, 9, controls=True)
+        e["level_controlled"][which] *= -1  # the wrong way, with a small p
+        assert not tracks_perplexity(e, 9, controls=True), (which, sign)
+
+
+def test_verdict_names_and_the_former_rule():
+    from svflow_jax.diagnose.output import _verdict, former_verdict
+
+    assert _verdict("entropy", _entry(), 9, True) == "reproduced"
+    assert _verdict("entropy", _entry(p3=0.2), 9, True) == \
+        "not reproduced (not beyond the control)"
+    assert _verdict("entropy", _entry(p1=0.2, p3=0.2), 9, True) == "not reproduced"
+    assert _verdict("bigram_surprisal", _entry(kind="control", p3=float("nan")), 9, True) == \
+        "passes the rule (control)"
+    assert _verdict("kl_q_p_model", _entry(kind="model_units"), 9, True) == \
+        "description (model units)"
+    e = _entry(p1=0.5)
+    e["level_controlled"].update(former_stratified_p=0.001, former_partial_p=0.001)
+    assert former_verdict(e, 9) == "reproduced" and _verdict("x", e, 9, True) == \
+        "not reproduced"
+
+
+def test_population_verdict_at_its_boundaries():
+    """p strictly below the bound, rho of the expected sign, and the Bonferroni interval
+    strictly on that side of 0 (its lower end for sign +, its upper end for sign -)."""
+    from svflow_jax.diagnose.study import population_verdict
+
+    b = 0.05 / 9
+
+    def v(p=0.001, rho=0.8, ci=(0.1, 0.9), sign=+1):
+        return population_verdict({"p": p, "rho": rho, "ci_bonferroni": ci}, sign, b)
+
+    assert v() == "reproduced"
+    assert v(p=b * (1 - 1e-9)) == "reproduced" and v(p=b) == "not reproduced"
+    assert v(ci=(1e-9, 0.9)) == "reproduced" and v(ci=(0.0, 0.9)) == "not reproduced"
+    assert v(rho=-0.8) == "not reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(-0.9, -1e-9)) == "reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(-0.9, 0.0)) == "not reproduced"
+    assert v(sign=-1, rho=-0.8, ci=(0.1, 0.9)) == "not reproduced"  # the side, not the sign
+    assert v(p=float("nan")) == "not reproduced"
+
+
+def test_metric_records_fix_the_comparisons():
+    """The Bonferroni m the rules use is the number of tested records (the SVFlow metrics in
+    flow units: 9); extraction reads the records with a layer-local version."""
+    from svflow_jax.diagnose import metrics, study
+
+    assert metrics.comparisons() == len(metrics.TESTED) == 9
+    assert set(metrics.TESTED) | set(study.MODEL_UNITS) == set(study.METRICS)
+    assert {m.name for m in metrics.CONTROLS} == {"unigram_surprisal", "bigram_surprisal"}
+    assert set(extract.LOCAL_METRICS) == {"kl_clean", "kl_q_p", "entropy"}
+    assert all(m.name in extract.LayerSummaries._fields for m in metrics.SVFLOW)
+    with pytest.raises(ValueError, match="sign"):
+        metrics.Metric("x", "", 0, "svflow", lambda s: s)
+
+
+def test_text_counts_by_hand():
+    """Two documents of a 4-token vocabulary; the window's own document left out."""
+    from svflow_jax.diagnose.metrics import TextCounts
+
+    counts = TextCounts({"a": np.array([0, 1, 0, 1, 2]), "b": np.array([3, 3, 0])}, vocab=4)
+    # unigram, both documents: c(0) = 3 of N = 8, V = 4
+    assert counts.surprisal(None, np.array([0]), 1)[0] == pytest.approx(-math.log(4 / 12))
+    # leaving out "a": c(0) = 1 of N = 3
+    assert counts.surprisal(None, np.array([0]), 1, exclude=0)[0] == pytest.approx(
+        -math.log(2 / 7))
+    # bigram (0 -> 1): c(0, 1) = 2, c(0 .) = 2 in "a", 0 in "b"; P1(1) = 3 / 12
+    p1 = 3 / 12
+    assert counts.surprisal(np.array([0]), np.array([1]), 2)[0] == pytest.approx(
+        -math.log((2 + p1) / (2 + 1)))
+    # an unseen context falls back to the unigram: (0 + P1) / (0 + 1)
+    p1_2 = (1 + 1) / 12
+    assert counts.surprisal(np.array([2]), np.array([2]), 2)[0] == pytest.approx(
+        -math.log(p1_2))
+    with pytest.raises(ValueError, match="order"):
+        counts.surprisal(np.array([0]), np.array([1]), 3)
+
+
+def test_controls_decide_what_a_metric_adds():
+    """The text's difficulty (a control, the same at every level) drives each window's
+    perplexity. A metric that is the difficulty plus noise passes the level-controlled tests
+    but is "not reproduced (not beyond the control)"; one that follows the perplexity itself
+    beyond the difficulty is "reproduced"; the control passes the rule (it tracks perplexity:
+    the rule alone cannot tell it from an SVFlow metric)."""
+    from svflow_jax.diagnose.output import headline
+    from svflow_jax.diagnose.study import analyse_shuffle
+
+    W, K = 24, 6
+    rng = np.random.default_rng(1)
+    difficulty = rng.normal(size=(W, 1))
+    data, cfg = _synthetic_study({
+        "entropy": lambda nll, rng: nll + 0.05 * rng.normal(size=nll.shape),
+        "kappa_attn": lambda nll, rng: -(difficulty + 0.3 * rng.normal(size=(W, 1))
+                                         + 0.3 * np.arange(K)),
+    }, W=W, K=K)
+    data.nll = data.nll + difficulty
+    data.controls = {"unigram_surprisal": np.broadcast_to(difficulty, (W, K)).copy()}
+    summary = {"shuffle": analyse_shuffle(data, cfg), "scaling": None}
+    verdicts = {r["statement"].split()[0]: r["verdict"] for r in headline(summary)
+                if "tracks perplexity" in r["statement"]}
+    assert verdicts == {"entropy": "reproduced",
+                        "kappa_attn": "not reproduced (not beyond the control)",
+                        "unigram_surprisal": "passes the rule (control)"}
+    sh = summary["shuffle"]
+    assert sh["tested"] == 2 and sh["design"]["bound"] == pytest.approx(0.05 / 2)
+    assert sh["design"]["null"] == "windows" and sh["design"]["controls"] == [
+        "unigram_surprisal"]
+
+
+def test_across_models_bonferroni_interval_level_and_resamples():
+    """The Bonferroni interval is the ``(b / 2, 1 - b / 2)`` percentile interval (``b = 0.05 /
+    m``, m = 2 here) of SciPy's rho over document resamples, ``bonferroni_resamples`` of them
+    (40 beyond each end); a metric noisy enough that the 95% interval differs from it."""
+    from svflow_jax.diagnose.study import across_models
+
+    datas, cfg = _population({
+        "entropy": lambda nll, i, rng: nll + 0.6 * rng.normal(size=nll.shape),
+        "kl_q_p": lambda nll, i, rng: rng.normal(size=nll.shape),
+    }, M=6, D=6, per=2)
+    out = across_models(datas, cfg)
+    B = out["bootstrap"]
+    assert out["tested"] == 2 and B == stats.bonferroni_resamples(0.05, 2)
+    assert B * 0.05 / 2 / 2 >= 40
+    idx = stats.cluster_bootstrap_indices(datas[0].groups, B, cfg.seed)
+    boot = np.array([scipy.stats.spearmanr([d.metrics["entropy"][ix, 1].mean() for d in datas],
+                                           [d.nll[ix, 1].mean() for d in datas]).statistic
+                     for ix in idx])
+    b = 0.05 / 2
+    lo, hi = np.quantile(boot, [b / 2, 1 - b / 2])
+    got = out["rho"]["entropy"]["level"]["ci_bonferroni"]
+    assert got == pytest.approx((lo, hi), abs=1e-12)
+    assert got != pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-6)

@@ -130,6 +130,7 @@ def _save_data(path: Path, data) -> None:
 
     arrays = {f"metric_{k}": v for k, v in data.metrics.items()}
     arrays.update({f"per_head_{k}": v for k, v in data.per_head.items()})
+    arrays.update({f"control_{k}": v for k, v in data.controls.items()})
     for k in ("nll", "confidence", "correct", "groups"):
         if getattr(data, k) is not None:
             arrays[k] = getattr(data, k)

@@ -46,6 +46,7 @@ from ..bridge.readout import (
 from ..flow import diagnostics as fd
 from ..next_token import token_scores
 from ..transformer.model import Block, TransformerLM
+from .metrics import LOCAL, SVFLOW
 
 __all__ = ["LayerSummaries", "LOCAL_METRICS", "check_supported", "window_diagnostics",
            "scale_attention_logits",
@@ -81,10 +82,11 @@ class LayerSummaries(NamedTuple):
     local: dict[str, np.ndarray] | None = None
 
 
-#: The metrics also read layer-locally (``LayerSummaries.local``). ``log_evidence`` is not among
-#: them: a layer-local shuffle leaves it exactly unchanged (a uniform mixture over the same
-#: context tokens, whose ``eta`` does not see positions).
-LOCAL_METRICS = ("kl_clean", "kl_q_p", "entropy")
+#: The metrics also read layer-locally (``LayerSummaries.local``; the records of
+#: :mod:`.metrics` with ``local``). ``log_evidence`` is not among them: a layer-local shuffle
+#: leaves it exactly unchanged (a uniform mixture over the same context tokens, whose ``eta``
+#: does not see positions).
+LOCAL_METRICS = LOCAL
 
 
 def _qk_norms(attn, z: Array) -> tuple[Array, Array]:
@@ -233,6 +235,9 @@ def window_diagnostics(
                                      None if targets is None else jnp.asarray(targets), scored,
                                      jnp.dtype(dtype))
     per_layer = {k: np.asarray(v, np.float64) for k, v in per_layer.items()}
+    missing = {m.name for m in SVFLOW} - set(per_layer)
+    if missing:  # a record of .metrics without its computation in _layer_metrics
+        raise NotImplementedError(f"metrics without an extraction: {sorted(missing)}")
     local = {k: np.asarray(v, np.float64) for k, v in local.items()}
     if task is None:
         tl = conf = corr = None

@@ -5,30 +5,62 @@ statements, as listed in :data:`PAPER`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from ..reporting import ci as _ci
 from ..reporting import fmt as _fmt
 from ..reporting import provenance, save_figure, write_csv, write_json, write_text
+from .metrics import BY_NAME
 
-__all__ = ["PAPER", "headline", "tracks_perplexity", "conclusion", "write_all"]
+__all__ = ["PAPER", "headline", "tracks_perplexity", "former_verdict", "legend", "conclusion",
+           "write_all"]
 
-# The metrics reported in model units beside their flow-unit definition: descriptions, not
-# counted among the comparisons (the same names as svflow_jax.diagnose.study.MODEL_UNITS, which
-# this module does not import: it reads summaries only).
-_MODEL_UNITS_SUFFIX = "_model"
+def _kind(name: str, entry: dict[str, Any]) -> str:
+    """The kind of a metric (:class:`~svflow_jax.diagnose.metrics.Metric`): from the summary,
+    else from the record, else from the name (summaries written before the kinds)."""
+    if "kind" in entry:
+        return entry["kind"]
+    if name in BY_NAME:
+        return BY_NAME[name].kind
+    return "model_units" if name.endswith("_model") else "svflow"
 
 
 def _tested(rho: dict[str, Any]) -> int:
-    """The number of metrics tested (Bonferroni's ``m``): model-unit twins are not."""
-    return sum(not name.endswith(_MODEL_UNITS_SUFFIX) for name in rho)
+    """The number of metrics tested (Bonferroni's ``m``): the SVFlow metrics; the model-unit
+    twins are descriptions and the controls check the rule."""
+    return sum(_kind(name, e) == "svflow" for name, e in rho.items())
 
 
-def _verdict(name: str, entry: dict[str, Any], comparisons: int) -> str:
-    if name.endswith(_MODEL_UNITS_SUFFIX):
+def _controlled(summary_shuffle: dict[str, Any]) -> bool:
+    """Whether the run had model-free controls (the SVFlow verdicts then require them)."""
+    return bool(summary_shuffle.get("design", {}).get("controls"))
+
+
+def _verdict(name: str, entry: dict[str, Any], comparisons: int, controls: bool) -> str:
+    kind = _kind(name, entry)
+    if kind == "model_units":
         return "description (model units)"
-    return "reproduced" if tracks_perplexity(entry, comparisons) else "not reproduced"
+    if kind == "control":
+        return ("passes the rule (control)" if tracks_perplexity(entry, comparisons)
+                else "fails the rule (control)")
+    if tracks_perplexity(entry, comparisons, controls=controls):
+        return "reproduced"
+    if controls and tracks_perplexity(entry, comparisons):
+        return "not reproduced (not beyond the control)"
+    return "not reproduced"
+
+
+def former_verdict(entry: dict[str, Any], comparisons: int, alpha: float = 0.05) -> str:
+    """The verdict the former rule gave: within-level and partial p-values from the former
+    null (each level's windows permuted separately), no control. For comparison only."""
+    lc = entry["level_controlled"]
+    former = {**lc, "stratified_p": lc["former_stratified_p"],
+              "partial_p": lc["former_partial_p"]}
+    return ("reproduced" if tracks_perplexity({"level_controlled": former}, comparisons, alpha)
+            else "not reproduced")
+
 
 PAPER = {
     "rho": "metrics correlate with perplexity and calibration, Spearman rho about 0.87",
@@ -38,16 +70,26 @@ PAPER = {
 }
 
 
-def tracks_perplexity(entry: dict[str, Any], comparisons: int,
-                      alpha: float = 0.05) -> bool:
+def tracks_perplexity(entry: dict[str, Any], comparisons: int, alpha: float = 0.05,
+                      controls: bool = False) -> bool:
     """The verdict rule of "a metric tracks perplexity": both level-controlled statistics
-    (:func:`svflow_jax.diagnose.stats.level_controlled_spearman`) have the expected sign with a
-    one-sided permutation p-value below ``alpha / comparisons`` (Bonferroni over the metrics
-    tested). A metric that depends on the shuffle level alone fails it, however monotone."""
-    lc = entry["level_controlled"]
+    (:func:`svflow_jax.diagnose.stats.level_controlled_spearman`, the within-level and the
+    partial rho) have the expected sign with a one-sided permutation p-value strictly below
+    ``alpha / comparisons`` (Bonferroni over the metrics tested), the p-values from the null
+    that fits the design (one permutation of the windows at every level; documents permuted
+    whole). With ``controls``, the partial rank correlation given the level and the
+    model-free controls must pass the same way. A metric that depends on the shuffle level
+    alone fails it, however monotone; one that follows the text's difficulty alone fails it
+    with ``controls``."""
+    # a NaN statistic or p-value (null in summary.json) never passes
+    lc = {k: float("nan") if v is None else v for k, v in entry["level_controlled"].items()}
     bound = alpha / comparisons
-    return bool(lc["stratified_p"] < bound and lc["partial_p"] < bound
-                and lc["sign"] * lc["stratified"] > 0 and lc["sign"] * lc["partial"] > 0)
+    s = lc["sign"]
+    ok = (lc["stratified_p"] < bound and lc["partial_p"] < bound
+          and s * lc["stratified"] > 0 and s * lc["partial"] > 0)
+    if controls:
+        ok = ok and lc["controlled_p"] < bound and s * lc["controlled"] > 0
+    return bool(ok)
 
 
 def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
@@ -64,20 +106,25 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     sh = summary["shuffle"]
     if "rho" in sh:
-        m = _tested(sh["rho"])
+        m, controls = _tested(sh["rho"]), _controlled(sh)
         for name, e in sh["rho"].items():
             r, ci = e["perplexity"]["rho"], e["perplexity"]["ci"]
             re_, cie = e["ece"]["rho"], e["ece"]["ci"]
             cells = e["perplexity_cells"]
             lc = e["level_controlled"]
+            given = (f", given the controls {_fmt(lc.get('controlled'), 2)} "
+                     f"(p {_fmt(lc.get('controlled_p'), 2)})"
+                     if controls and _kind(name, e) != "control" else "")
             rows.append({"statement": f"{name} tracks perplexity (expected sign "
                                       f"{'+' if lc['sign'] > 0 else '-'})",
                          "ours": f"within-level {_fmt(lc['stratified'], 2)} "
                                  f"(p {_fmt(lc['stratified_p'], 2)}), partial "
-                                 f"{_fmt(lc['partial'], 2)} (p {_fmt(lc['partial_p'], 2)}); "
-                                 f"across levels {_fmt(r, 2)} {_ci(ci)}, cells "
+                                 f"{_fmt(lc['partial'], 2)} (p {_fmt(lc['partial_p'], 2)})"
+                                 f"{given}; across levels {_fmt(r, 2)} {_ci(ci)}, cells "
                                  f"{_fmt(cells['rho'], 2)} {_ci(cells['ci'])}",
-                         "verdict": _verdict(name, e, m)})
+                         "verdict": _verdict(name, e, m, controls)})
+            if _kind(name, e) == "control":
+                continue
             rows.append({"statement": f"rho({name}, ECE) across levels",
                          "ours": f"levels {_fmt(re_, 2)} {_ci(cie)}",
                          "verdict": "description (monotonicity in the level)"})
@@ -249,7 +296,8 @@ def conclusion(summary: dict[str, Any]) -> str:
     run reproduced, and the caveat that matters: how many windows it rests on (a "not
     reproduced" from a few windows means "not detected at this sample size")."""
     rows = headline(summary)
-    judged = [r for r in rows if r["verdict"] in ("reproduced", "not reproduced")]
+    judged = [r for r in rows if r["verdict"] == "reproduced"
+              or r["verdict"].startswith("not reproduced")]
     reproduced = [r for r in judged if r["verdict"] == "reproduced"]
     cfg, sh = summary["config"], summary["shuffle"]
     words = (f"{len(reproduced)} of the {len(judged)} comparisons with the paper's statements "
@@ -261,6 +309,66 @@ def conclusion(summary: dict[str, Any]) -> str:
                   "detect these effects, so a \"not reproduced\" here means \"not detected at "
                   "this sample size\", not that the effect is absent.")
     return words
+
+
+def legend(sh: dict[str, Any]) -> list[str]:
+    """The legend of the verdict table: which test decides, with which null and bound, and
+    what the documents allow."""
+    m, d = _tested(sh["rho"]), sh.get("design", {})
+    bound = 0.05 / max(m, 1)
+    null = ("one permutation of the windows applied to every level (a window keeps its "
+            "profile across the levels)" if d.get("null", "windows") == "windows" else
+            "the documents permuted whole and the windows within each, one permutation "
+            "applied to every level")
+    lines = ["Which test decides: a metric is **reproduced** when its within-level rho (p1), "
+             "its partial rho given the level (p2)"
+             + (" and its partial rank correlation given the level and the model-free controls"
+                " (p3)" if _controlled(sh) else "")
+             + f" all have the expected sign with one-sided p below {bound:.4g} (0.05 over the "
+             f"{m} SVFlow metrics tested, Bonferroni). The p-values: (1 + #draws at least as "
+             f"extreme) / (1 + {d.get('permutations', 'the')} draws) of the null that fits the "
+             f"design: {null}. p3 uses normal scores of the ranks within each level and "
+             "permutes the metric's part orthogonal to the controls.",
+             "The controls (the scored tokens' surprisal under unigram and bigram counts of the "
+             "other Austen novels: no model) go through p1 and p2 at the same bound: a control "
+             "that passes shows the rule alone cannot tell an SVFlow quantity from a property "
+             "of the text, which is why p3 is required. \"former null\": the verdict of the "
+             "former rule (p1 and p2 with each level's windows permuted separately, no "
+             "control), miscalibrated under window effects; for comparison only."]
+    if "documents" in d:
+        D = d["documents"]
+        lines.append(f"Documents: {D}. A test with the documents as units (the between-"
+                     f"documents rho, a description here, exact over all {math.factorial(D)} "
+                     f"pairings) cannot go below p = 1/{math.factorial(D)} = "
+                     f"{d['smallest_document_p']:.4g}: "
+                     + ("below the bound only for a perfect ranking of the documents; a claim "
+                        "about documents (novels) in general needs more of them."
+                        if d["document_claims_possible"] else
+                        "never below the bound; a claim about documents needs more of them."))
+    return lines
+
+
+def _verdict_table(sh: dict[str, Any]) -> list[str]:
+    m, controls = _tested(sh["rho"]), _controlled(sh)
+    docs = "documents" in sh.get("design", {})
+    lines = [*(x for paragraph in legend(sh) for x in (paragraph, ""))][:-1] + ["",
+             "| metric | kind | sign | within-level rho | p1 | partial rho | p2 | given the "
+             "controls | p3 | verdict | former null |" + (" between documents (p) |" if docs
+                                                           else ""),
+             "| --- " * (11 + docs) + "|"]
+    for n, e in sh["rho"].items():
+        lc = e["level_controlled"]
+        b = e.get("between_documents")
+        lines.append(
+            f"| {n} | {_kind(n, e)} | {'+' if lc['sign'] > 0 else '-'} | "
+            f"{_fmt(lc['stratified'], 2)} | {_fmt(lc['stratified_p'], 2)} | "
+            f"{_fmt(lc['partial'], 2)} | {_fmt(lc['partial_p'], 2)} | "
+            f"{_fmt(lc.get('controlled'), 2)} | {_fmt(lc.get('controlled_p'), 2)} | "
+            f"{_verdict(n, e, m, controls)} | "
+            f"{former_verdict(e, m) if _kind(n, e) == 'svflow' else ''} |"
+            + (f" {_fmt(b['rho'], 2)} ({_fmt(b['p'], 2)}) |" if docs and b else
+               (" |" if docs else "")))
+    return lines
 
 
 def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
@@ -301,21 +409,8 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
                          f"{e['ece']['rho']:.2f} {_ci(e['ece']['ci'])} | "
                          f"{e['perplexity_cells']['rho']:.2f} "
                          f"{_ci(e['perplexity_cells']['ci'])} |")
-        m = _tested(sh["rho"])
-        lines += ["", "## Controlled for the shuffle level (the verdicts rest on these)", "",
-                  "Within-level: Spearman rho across windows inside each level, averaged over "
-                  "the levels. Partial: rho over all (window, level) cells given the level (as a "
-                  "category). One-sided permutation p-values in the expected direction (the "
-                  "metric shuffled among the windows of each level); a metric tracks perplexity "
-                  f"when both are below {0.05 / m:.4g} (0.05 over {m} metrics, Bonferroni).", "",
-                  "| metric | expected sign | within-level rho | p | partial rho | p | verdict |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for n, e in sh["rho"].items():
-            lc = e["level_controlled"]
-            lines.append(f"| {n} | {'+' if lc['sign'] > 0 else '-'} | "
-                         f"{_fmt(lc['stratified'], 2)} | {_fmt(lc['stratified_p'], 2)} | "
-                         f"{_fmt(lc['partial'], 2)} | {_fmt(lc['partial_p'], 2)} | "
-                         f"{_verdict(n, e, m)} |")
+        lines += ["", "## Controlled for the shuffle level and the text (the verdicts rest on "
+                  "these)", ""] + _verdict_table(sh)
     lines += ["", "## Depth sensitivity", "",
               "S_t = |mean over windows of (metric at the last level - clean)| / sd of the "
               "metric over all (window, level) cells of layer t; ratio = mean S over the deepest "

@@ -33,53 +33,29 @@ from .extract import (
     scale_attention_logits,
     window_diagnostics,
 )
+from .metrics import BY_NAME, CONTROLS, SVFLOW, TESTED, TextCounts
+from .metrics import METRICS as METRICS_LIST
 
 __all__ = ["METRICS", "MODEL_UNITS", "DEPTH_METRICS", "EXPECTED_SIGN", "StudyConfig", "QUICK",
            "ShuffleData", "Diagnosis", "default_text", "CORPORA", "load_model", "token_ids",
            "document_windows", "make_windows", "shuffle_plan", "run_shuffle_study",
-           "analyse_shuffle", "across_models", "run_scaling", "diagnose"]
+           "analyse_shuffle", "across_models", "population_verdict", "run_scaling",
+           "text_counts", "diagnose"]
 
-METRICS: dict[str, str] = {
-    "log_evidence": "log p_t(x_i): vMF-mixture evidence of the token direction (flow units)",
-    "kl_q_p": "KL(q_t || p_t): attention posterior vs the mixture's true posterior (flow units)",
-    "kl_excess": "KL(q_t || p_t) - (log n_i - H(q_t)): what the KL adds to the attention "
-                 "entropy (flow units)",
-    "kl_clean": "KL(q_clean || q_shuffled): attention posterior, clean vs perturbed",
-    "entropy": "entropy of the attention posterior (nats)",
-    "kappa_eta": "mean component concentration |eta_hj| (flow units)",
-    "kappa_posterior": "posterior-weighted component concentration E_q |eta_hj| (flow units)",
-    "kappa_attn": "attention kernel concentration |q_hi| mean_j |k_hj| / sqrt(d_k)",
-    "kappa_resultant": "kappa of the hidden-state directions from their mean resultant length",
-    # The same quantities in the model's units (eta read on the Norm's sphere of radius
-    # sqrt(d)), where the unit changes their ranking; reported beside, not tested.
-    "log_evidence_model": "log p_t(x_i) in model units",
-    "kl_q_p_model": "KL(q_t || p_t) in model units",
-    "kl_excess_model": "KL(q_t || p_t) - (log n_i - H(q_t)) in model units",
-}
+#: name -> description of the metrics read off the model (the records of :mod:`.metrics`)
+METRICS: dict[str, str] = {m.name: m.description for m in SVFLOW}
 
 #: The metrics whose depth sensitivity is also measured layer by layer (``local``).
 DEPTH_METRICS = LOCAL_METRICS
 
 #: The metrics reported in model units beside the flow-unit definition (descriptions only:
 #: not counted among the comparisons, never a verdict).
-MODEL_UNITS = ("log_evidence_model", "kl_q_p_model", "kl_excess_model")
+MODEL_UNITS = tuple(m.name for m in METRICS_LIST if m.kind == "model_units")
 
 #: The sign each metric's association with perplexity is expected to have, fixed before any run
-#: (reasons in ``docs/theory.md``, section 19): ``+1`` the metric rises with perplexity.
-EXPECTED_SIGN: dict[str, int] = {
-    "log_evidence": -1,      # -log p_t is the surprise the paper reads as tracking perplexity
-    "kl_q_p": +1,            # attention further from the mixture's posterior: worse prediction
-    "kl_excess": +1,         # the same beyond what the attention's entropy alone gives
-    "kl_clean": +1,          # attention moved further by the shuffle: worse prediction
-    "entropy": +1,           # a more diffuse posterior: a less certain prediction
-    "kappa_eta": -1,         # concentrations: confidence, so lower with worse prediction
-    "kappa_posterior": -1,
-    "kappa_attn": -1,
-    "kappa_resultant": -1,
-    "log_evidence_model": -1,
-    "kl_q_p_model": +1,
-    "kl_excess_model": +1,
-}
+#: (:attr:`.metrics.Metric.sign`; reasons in ``docs/theory.md``, section 19): ``+1`` the metric
+#: rises with perplexity.
+EXPECTED_SIGN: dict[str, int] = {m.name: m.sign for m in METRICS_LIST}
 
 
 def default_text() -> Path:
@@ -289,6 +265,8 @@ class ShuffleData:
     level's tokens repeated ``permutations`` times so every level has the same weight).
     ``local[name]``: ``(W, K, L)``, the metric with only that layer's context shuffled
     (:class:`~svflow_jax.diagnose.extract.LayerSummaries`, ``local``), for :data:`DEPTH_METRICS`.
+    ``controls[name]``: ``(W, K)``, the model-free controls of :mod:`.metrics` (language models
+    given counts; empty otherwise).
     """
 
     levels: tuple[float, ...]
@@ -300,29 +278,50 @@ class ShuffleData:
     seconds: float
     local: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     groups: np.ndarray | None = None  # (W,) each window's document; None: one text
+    controls: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def run_shuffle_study(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: StudyConfig,
-                      progress: Callable[[], None] | None = None) -> ShuffleData:
-    """Every window under every shuffle level (one jitted call per window)."""
+                      progress: Callable[[], None] | None = None,
+                      counts: TextCounts | None = None,
+                      exclude: Callable[[int], int | None] | None = None) -> ShuffleData:
+    """Every window under every shuffle level (one jitted call per window). With ``counts``
+    (a language model), the model-free controls of each window, from the counts of every
+    document but ``exclude(window's document index)`` (``None``: all)."""
     start = time.perf_counter()
     lm = bool(loaded.config.lm_head and loaded.config.causal)
     wins, groups = document_windows(ids, config, config.windows, lm)
     K = len(config.levels)
     metrics: dict[str, list] = {name: [] for name in METRICS}
     local: dict[str, list] = {name: [] for name in DEPTH_METRICS}
+    controls: dict[str, list] = {m.name: [] for m in CONTROLS} if counts is not None and lm \
+        else {}
     nll, conf, corr = [], [], []
     for w, window in enumerate(wins):
         plan = shuffle_plan(config, w)
         res = _run_window(loaded.model, window, plan, config, lm)
         level_of = np.array([k for k, _ in plan])
-        for name in METRICS:
-            a = getattr(res, name)  # (L, P, H) or (L, P)
+        for metric in SVFLOW:
+            name, a = metric.name, metric.read(res)  # (L, P, H) or (L, P)
             per = a.mean(-1) if a.ndim == 3 else a  # (L, P)
             metrics[name].append(np.stack([per[:, level_of == k].mean(1) for k in range(K)]))
             if a.ndim == 3:
                 metrics.setdefault(name + "@heads", []).append(
                     np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
+        if controls:  # the scored tokens after their (never moved) predecessors
+            assert counts is not None
+            inputs = window[:-1][np.stack([p for _, p in plan])]  # (P, n)
+            previous = inputs[:, -config.scored:]
+            tokens = np.broadcast_to(window[-config.scored:], previous.shape)
+            doc = None if groups is None else int(groups[w])
+            skip = None if exclude is None else exclude(-1 if doc is None else doc)
+            for metric in CONTROLS:
+                v = metric.read(counts, previous, tokens, skip)  # (P,)
+                # the level mean, exactly the value when a level's values are equal (as they
+                # are: the scored tokens and their predecessors never move)
+                controls[metric.name].append(
+                    [v[level_of == k][0] + (v[level_of == k] - v[level_of == k][0]).mean()
+                     for k in range(K)])
         for name in DEPTH_METRICS:
             a = res.local[name].mean(-1)  # (L, P): head-averaged
             local[name].append(np.stack([a[:, level_of == k].mean(1) for k in range(K)]))
@@ -345,7 +344,8 @@ def run_shuffle_study(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config
         levels=config.levels, metrics=mets, per_head=per_head,
         nll=np.asarray(nll) if lm else None, confidence=np.stack(conf) if lm else None,
         correct=np.stack(corr) if lm else None, seconds=time.perf_counter() - start,
-        local={k: np.stack(v) for k, v in local.items()}, groups=groups)
+        local={k: np.stack(v) for k, v in local.items()}, groups=groups,
+        controls={k: np.asarray(v) for k, v in controls.items()})
 
 
 def _task_curves(data: ShuffleData, idx: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -377,8 +377,12 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
     rho is computed across the shuffle levels on level means (the layer-mean metric, and each
     layer's: a monotonicity statement, since perplexity rises with the level by construction),
     across (window, level) cells against per-window perplexity, and controlled for the level
-    (``level_controlled``: within-level and partial Spearman with permutation p-values in the
-    direction of :data:`EXPECTED_SIGN`; the verdicts rest on those).
+    and for the model-free controls (``level_controlled``: within-level and partial Spearman,
+    and the partial rank correlation given the level and the controls, with permutation
+    p-values in the direction of :data:`EXPECTED_SIGN` from the design's null,
+    :func:`stats.design_permutations`; the verdicts rest on those). The controls themselves
+    go through the same statistics (given the level only). ``design``: the null in use, the
+    Bonferroni bound over the ``tested`` metrics, and what the documents allow.
     """
     W, K, L = next(iter(data.metrics.values())).shape
     if data.groups is None:
@@ -409,33 +413,78 @@ def analyse_shuffle(data: ShuffleData, config: StudyConfig) -> dict[str, Any]:
             "rho_perplexity_vs_level": float(stats.spearman(np.arange(K), ppl0)),
             "rho_ece_vs_level": float(stats.spearman(np.arange(K), ece0)),
         }
-        rho = {}
-        for name, m in data.metrics.items():
-            layer_mean = m.mean(-1)  # (W, K)
-            mb = layer_mean[idx].mean(1)  # (B, K)
-            m0 = layer_mean.mean(0)
-            per_layer_point = m.mean(0)  # (K, L)
-            entry = {}
-            for task, t0, tb in (("perplexity", ppl0, pplb), ("ece", ece0, eceb)):
-                r0 = float(stats.spearman(m0, t0))
-                entry[task] = {
-                    "rho": r0, "ci": stats.percentile_interval(stats.spearman(mb, tb)),
-                    "per_layer": [float(stats.spearman(per_layer_point[:, t], t0))
-                                  for t in range(L)],
-                }
-            # across (window, level) cells: per-window perplexity
-            cell_ppl = np.exp(data.nll)  # (W, K)
-            r_cells = float(stats.spearman(layer_mean.ravel(), cell_ppl.ravel()))
-            rb = stats.spearman(layer_mean[idx].reshape(len(idx), -1),
-                                cell_ppl[idx].reshape(len(idx), -1))
-            entry["perplexity_cells"] = {"rho": r_cells, "ci": stats.percentile_interval(rb)}
-            entry["level_controlled"] = stats.level_controlled_spearman(
-                layer_mean, data.nll, EXPECTED_SIGN.get(name, +1), config.permutation_tests,
-                config.seed).to_dict()
-            rho[name] = entry
-        out["rho"] = rho
+        out["rho"] = _level_controlled(data, config, idx, ppl0, pplb, ece0, eceb)
+        out["tested"] = sum(e["kind"] == "svflow" for e in out["rho"].values())
+        out["design"] = _design(data, config, out["tested"])
     out["depth"] = _depth(data.metrics, idx)
     out["depth_local"] = _depth(data.local, idx)
+    return out
+
+
+def _level_controlled(data: ShuffleData, config: StudyConfig, idx: np.ndarray, ppl0, pplb,
+                      ece0, eceb) -> dict[str, Any]:
+    """Per metric (the SVFlow metrics, then the controls): rho with perplexity and ECE across
+    levels, across cells, the level-controlled statistics with the design's null (given the
+    level, and given the level and the controls), and, with documents, rho between them."""
+    assert data.nll is not None
+    L = next(iter(data.metrics.values())).shape[-1]
+    series = {name: m.mean(-1) for name, m in data.metrics.items()}  # (W, K) layer means
+    series.update(data.controls)
+    controls = np.stack(list(data.controls.values())) if data.controls else None
+    rho = {}
+    for name, layer_mean in series.items():
+        record = BY_NAME.get(name)
+        sign = record.sign if record is not None else +1
+        mb = layer_mean[idx].mean(1)  # (B, K)
+        m0 = layer_mean.mean(0)
+        entry: dict[str, Any] = {"kind": record.kind if record is not None else "other"}
+        for task, t0, tb in (("perplexity", ppl0, pplb), ("ece", ece0, eceb)):
+            if name in data.controls:  # the same at every level: no rho across levels
+                entry[task] = {"rho": float("nan"), "ci": (float("nan"), float("nan")),
+                               "per_layer": []}
+                continue
+            with np.errstate(invalid="ignore"):
+                entry[task] = {
+                    "rho": float(stats.spearman(m0, t0)),
+                    "ci": stats.percentile_interval(stats.spearman(mb, tb)),
+                    "per_layer": [float(stats.spearman(data.metrics[name].mean(0)[:, t], t0))
+                                  for t in range(L)] if name in data.metrics else []}
+        # across (window, level) cells: per-window perplexity
+        cell_ppl = np.exp(data.nll)  # (W, K)
+        r_cells = float(stats.spearman(layer_mean.ravel(), cell_ppl.ravel()))
+        rb = stats.spearman(layer_mean[idx].reshape(len(idx), -1),
+                            cell_ppl[idx].reshape(len(idx), -1))
+        entry["perplexity_cells"] = {"rho": r_cells, "ci": stats.percentile_interval(rb)}
+        given = controls if name not in data.controls else None
+        entry["level_controlled"] = stats.level_controlled_spearman(
+            layer_mean, data.nll, sign, config.permutation_tests, config.seed,
+            groups=data.groups, control=given).to_dict()
+        if data.groups is not None:  # the documents as units: their means (every level)
+            docs = np.unique(data.groups)
+            if 3 <= len(docs) <= 8:
+                dm = np.array([layer_mean[data.groups == g].mean() for g in docs])
+                dt = np.array([data.nll[data.groups == g].mean() for g in docs])
+                r, p = stats.spearman_exact_p(dm, dt, sign)
+                entry["between_documents"] = {"rho": r, "p": p, "documents": len(docs)}
+        rho[name] = entry
+    return rho
+
+
+def _design(data: ShuffleData, config: StudyConfig, tested: int,
+            alpha: float = 0.05) -> dict[str, Any]:
+    """What the study's units allow: the null in use, the Bonferroni bound, and (with
+    documents) the smallest p-value a test with the documents as units can reach."""
+    out: dict[str, Any] = {
+        "null": "windows" if data.groups is None else "documents",
+        "windows": int(data.nll.shape[0]) if data.nll is not None else None,
+        "alpha": alpha, "tested": tested, "bound": alpha / max(tested, 1),
+        "permutations": config.permutation_tests,
+        "smallest_window_p": 1 / (1 + config.permutation_tests),
+        "controls": list(data.controls)}
+    if data.groups is not None:
+        D = len(np.unique(data.groups))
+        out.update(documents=D, smallest_document_p=stats.smallest_p(D),
+                   document_claims_possible=stats.smallest_p(D) < out["bound"])
     return out
 
 
@@ -495,8 +544,11 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
     tested are those with an expected sign, less the model-unit twins (:data:`MODEL_UNITS`);
     ``m`` is their number. Verdict of a tested metric on ``level``: "reproduced" when its
     p-value is below ``alpha / m`` AND the ``1 - alpha / m`` percentile interval lies on the
-    expected side of 0 (Bonferroni over the ``m`` metrics); otherwise "not reproduced". The
-    ``clean`` and ``change`` rhos are descriptions (no verdict)."""
+    expected side of 0 (Bonferroni over the ``m`` metrics; :func:`population_verdict`);
+    otherwise "not reproduced". The ``clean`` and ``change`` rhos are descriptions (no
+    verdict). The resamples: ``config.bootstrap`` or, if more, enough for 40 beyond each end
+    of the Bonferroni interval (:func:`stats.bonferroni_resamples`); with ``D`` documents there
+    are only ``C(2D - 1, D)`` distinct resamples (462 for six), which no count can add to."""
     if len(datas) < 3 or any(d.nll is None for d in datas):
         raise ValueError("across_models needs at least 3 language models")
     first = datas[0]
@@ -512,14 +564,16 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
         raise ValueError(f"level must be one of the non-zero levels {levels[1:]}, got {level}")
     ell = levels.index(level)
     W = first.nll.shape[0]
-    if first.groups is None:
-        idx = stats.bootstrap_indices(W, config.bootstrap, config.seed)
-    else:
-        idx = stats.cluster_bootstrap_indices(first.groups, config.bootstrap, config.seed)
-    every = np.arange(W)[None]
-    tested = [n for n in first.metrics if n in EXPECTED_SIGN and n not in MODEL_UNITS]
+    tested = [n for n in first.metrics if n in TESTED]
     m = len(tested)
     bound = alpha / max(m, 1)
+    # enough resamples for the Bonferroni-level interval: 40 beyond each of its ends
+    resamples = max(config.bootstrap, stats.bonferroni_resamples(alpha, max(m, 1)))
+    if first.groups is None:
+        idx = stats.bootstrap_indices(W, resamples, config.seed)
+    else:
+        idx = stats.cluster_bootstrap_indices(first.groups, resamples, config.seed)
+    every = np.arange(W)[None]
 
     def per_model(arrays: list[np.ndarray], ix: np.ndarray) -> dict[str, np.ndarray]:
         """``arrays``: per model ``(W, K)``; the window means over ``ix`` (B, W): (B, M)."""
@@ -530,7 +584,7 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
     lp0, lpb = per_model(nlls, every), per_model(nlls, idx)
     out: dict[str, Any] = {
         "models": len(datas), "windows": W, "level": level, "alpha": alpha, "tested": m,
-        "bootstrap": config.bootstrap,
+        "bootstrap": resamples,
         "bootstrap_unit": "windows" if first.groups is None else "documents",
         "permutations": config.permutation_tests,
         "perplexity_clean": np.exp(lp0["clean"][0]).tolist(),
@@ -551,15 +605,21 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
             entry[what] = {"rho": rho, "p": p, "ci": stats.percentile_interval(boot),
                            "ci_bonferroni": stats.percentile_interval(boot, 1 - bound)}
         if name in tested:
-            e = entry["level"]
-            lo, hi = e["ci_bonferroni"]
-            side = lo > 0 if sign > 0 else hi < 0
-            entry["verdict"] = ("reproduced" if np.isfinite(e["p"]) and e["p"] < bound
-                                and sign * e["rho"] > 0 and side else "not reproduced")
+            entry["verdict"] = population_verdict(entry["level"], sign, bound)
         else:
             entry["verdict"] = "description (model units)" if name in MODEL_UNITS else None
         out["rho"][name] = entry
     return out
+
+
+def population_verdict(level: Mapping[str, Any], sign: int, bound: float) -> str:
+    """The verdict of :func:`across_models` on ``level`` (``rho``, ``p``, ``ci_bonferroni``):
+    "reproduced" when ``p < bound``, ``rho`` has the expected ``sign`` and the Bonferroni
+    interval lies strictly on that side of 0; otherwise "not reproduced"."""
+    lo, hi = level["ci_bonferroni"]
+    side = lo > 0 if sign > 0 else hi < 0
+    ok = np.isfinite(level["p"]) and level["p"] < bound and sign * level["rho"] > 0 and side
+    return "reproduced" if ok else "not reproduced"
 
 
 def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: StudyConfig,
@@ -600,11 +660,11 @@ def run_scaling(loaded, ids: np.ndarray | Mapping[str, np.ndarray], config: Stud
             nll = -res.target_logp.mean(1)  # (2,)
             per_w.setdefault("nll_clean", []).append(nll[0])
             per_w.setdefault("nll_shuffled", []).append(nll[1])
-            for name in METRICS:
-                a = getattr(res, name)
+            for metric in SVFLOW:
+                a = metric.read(res)
                 a = a.mean(-1) if a.ndim == 3 else a  # (L, 2)
-                col = 1 if name == "kl_clean" else 0
-                per_w.setdefault(name, []).append(a[:, col])
+                col = 1 if metric.name == "kl_clean" else 0
+                per_w.setdefault(metric.name, []).append(a[:, col])
             per_w.setdefault("kl_clean@heads", []).append(res.kl_clean[:, 1])  # (L, H)
             per_w.setdefault("entropy@heads", []).append(res.entropy[:, 0])
             confs.append(res.confidence[0])
@@ -667,6 +727,28 @@ def _entropy_bands(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def text_counts(tokenizer, ids: Mapping[str, np.ndarray] | None, config: StudyConfig
+                ) -> tuple[TextCounts, Callable[[int], int | None]]:
+    """The counts of the six Austen novels in the model's tokens, and which one to leave out
+    for a window: with the corpus (``ids``, its documents), the window's own novel; with one
+    text, *Emma* when the text is :func:`default_text` (its opening), else none."""
+    if ids is None:
+        from ..data import austen_novels
+
+        ids = {name: token_ids(tokenizer, text) for name, text in austen_novels().items()}
+        default = config.text is None or Path(config.text).resolve() == default_text()
+        emma = list(ids).index("emma") if default else None
+        return TextCounts(ids, _vocabulary(tokenizer)), lambda _doc: emma
+    return TextCounts(ids, _vocabulary(tokenizer)), lambda doc: doc
+
+
+def _vocabulary(tokenizer) -> int:
+    try:
+        return int(tokenizer.get_vocab_size())
+    except (AttributeError, TypeError):
+        return 0  # TextCounts takes the largest id seen
+
+
 @dataclasses.dataclass
 class Diagnosis:
     """What :func:`diagnose` measured: ``summary`` (JSON-ready: config, model, shuffle analysis,
@@ -699,12 +781,18 @@ def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
         ids = token_ids(loaded.tokenizer, text_path.read_text(encoding="utf-8"))
         text_info = {"path": str(text_path), "tokens": int(len(ids))}
     lm = bool(loaded.config.lm_head and loaded.config.causal)
+    counts, exclude = None, None
+    if lm:  # the model-free controls: counts of the novels, less the window's own
+        counts, exclude = text_counts(loaded.tokenizer, ids if config.documents else None,
+                                      config)
+        text_info["counts"] = counts.describe()
     load_s = time.perf_counter() - t0
     n_scaling = (config.scaling_windows or config.windows) * len(config.scaling_factors)
     if total is not None:
         total(config.windows + (n_scaling if lm else 0))
     data = run_shuffle_study(loaded, ids, config,
-                             None if progress is None else lambda: progress("shuffle"))
+                             None if progress is None else lambda: progress("shuffle"),
+                             counts, exclude)
     analysis = analyse_shuffle(data, config)
     scaling = None
     if lm and config.scaling_factors:
@@ -717,7 +805,7 @@ def diagnose(config: StudyConfig, progress: Callable[[str], None] | None = None,
                   "heads": cfg.n_heads, "kv_heads": cfg.kv_heads, "causal": cfg.causal,
                   "norm_position": cfg.norm_position, "language_model": lm},
         "text": text_info,
-        "metrics": METRICS,
+        "metrics": {m.name: m.description for m in METRICS_LIST},
         "shuffle": analysis,
         "scaling": scaling,
         "timings": {"load_s": load_s, "shuffle_s": data.seconds,
