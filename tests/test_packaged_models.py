@@ -147,8 +147,9 @@ def test_inspect_quick_on_smollm2(tmp_path):
           f"{f['spearman_derivative_removal']:.2f}")
     assert len([r for r in sweep["rows"] if r["kind"] == "layer"]) == 30
     lens = results["lens"]["figures"]
-    assert lens["remainder"] < 1e-5 and lens["loss_model"] == pytest.approx(
-        refine["loss_model"], rel=1e-5)
+    assert lens["remainder"] < 1e-5 and lens["loss_model"] == pytest.approx(  # window 1
+        f["loss_model_windows"][0], rel=1e-5)
+    assert f["loss_model"] == pytest.approx(refine["loss_model"], rel=1e-5)
     for name in ("report.md", "geometry.png", "depth_smoothness.png", "refinement.png",
                  "refinement.csv", "alpha_sweep.png", "alpha-sweep.csv", "lens.png"):
         assert (out / name).is_file(), name

@@ -556,7 +556,8 @@ def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None
     ``perplexity_high`` (the Student-t interval of the mean loss over the windows,
     :func:`window_interval`, as perplexities), and ``loss_change`` from the model's loss with
     its paired interval over the same windows. Figures: :func:`sweep_figures`, the model's
-    loss and perplexity with its interval, the derivative's seconds, the fit's figures."""
+    loss (also per window) and perplexity with its interval, the derivative's seconds, the
+    fit's figures."""
     start = time.perf_counter()
     options = options or AlphaOptions()
     lm, config = loaded.model, loaded.config
@@ -612,6 +613,7 @@ def alpha_sweep(loaded, windows: np.ndarray, options: AlphaOptions | None = None
               **({"removal_change": removal[l + 1]} if removal else {})}
              for l, g in enumerate(derivative)]
     figures: dict[str, Any] = {"loss_model": float(base.mean()),
+                               "loss_model_windows": [float(b) for b in base],
                                "perplexity_model": math.exp(float(base.mean())),
                                "tokens": int(tokens.size), "windows": int(windows.shape[0])}
     _, low, high = window_interval(base)
