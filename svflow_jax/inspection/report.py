@@ -322,7 +322,7 @@ def _sweep_and_lens_figures(out: Path, summary: dict[str, Any], plt) -> None:
     res = _by_name(summary)
     sweep = res.get("alpha-sweep")
     if sweep and "loss_model" in sweep["figures"]:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
         glob = [r for r in sweep["rows"] if r["kind"] == "global"]
         for scheme in dict.fromkeys(r["scheme"] for r in glob):
             rows = [r for r in glob if r["scheme"] == scheme]
@@ -333,7 +333,7 @@ def _sweep_and_lens_figures(out: Path, summary: dict[str, Any], plt) -> None:
         axes[0].set_xlabel("alpha (every layer's step h scaled)")
         axes[0].set_ylabel("perplexity")
         axes[0].set_title("perplexity against (method/variant, alpha)", fontsize=10)
-        axes[0].legend(fontsize=7)
+        axes[0].legend(fontsize=6.5, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         deriv = [r for r in sweep["rows"] if r["kind"] == "derivative"]
         layers = [r["layer"] for r in deriv]
         axes[1].bar([x - 0.2 for x in layers], [-r["derivative"] for r in deriv], width=0.4,
