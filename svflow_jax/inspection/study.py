@@ -65,7 +65,7 @@ __all__ = [
     "layer_groups",
 ]
 
-QUICK = dict(windows=1, window=24, substeps=(2, 4), exactness_tokens=16, alpha=QUICK_ALPHA,
+QUICK = dict(windows=2, window=24, substeps=(2, 4), exactness_tokens=16, alpha=QUICK_ALPHA,
              lens=True)
 
 

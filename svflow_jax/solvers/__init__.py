@@ -25,7 +25,7 @@ Solvers (global order on a smooth field in brackets), one family per module:
   subclassing :class:`AbstractCrouchGrossman` with its tableau); :class:`RKMK4` [4]:
   Runge-Kutta-Munthe-Kaas with the classical RK4 tableau (its exponentials act in the span of
   ``y0`` and the four stage values: ``5 x 5`` matrices per token, never ``d x d``).
-* :mod:`.splitting`: :class:`LieTrotter`, :class:`Strang`: splittings of a
+* :mod:`.splitting`: :class:`LieTrotter`, :class:`Strang`, :class:`Swapped`: splittings of a
   :class:`diffrax.MultiTerm` of two fields (attention block then FFN block; Macaron block) with
   any single-step sphere solver as sub-step.
 * :mod:`._interpolation`: dense output on the sphere; :mod:`.base`:
@@ -71,7 +71,7 @@ from .euler import GeodesicEuler, RetractedEuler, VariableStepRetractedEuler
 from .lie_group import RKMK4, AbstractCrouchGrossman, CrouchGrossman3
 from .runge_kutta import RK4, Retracted, WithinStep
 from .solve import SolveError, solve, stays_on_sphere
-from .splitting import AbstractSplitting, LieTrotter, Strang
+from .splitting import AbstractSplitting, LieTrotter, Strang, Swapped
 
 __all__ = [
     "AbstractSphereSolver",
@@ -87,6 +87,7 @@ __all__ = [
     "AbstractSplitting",
     "LieTrotter",
     "Strang",
+    "Swapped",
     "RetractedLinearInterpolation",
     "GeodesicInterpolation",
     "RetractedInterpolation",

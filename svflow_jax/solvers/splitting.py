@@ -23,7 +23,7 @@ from diffrax import RESULTS, AbstractSolver, AbstractTerm, MultiTerm
 
 from .base import AbstractSphereSolver
 
-__all__ = ["AbstractSplitting", "LieTrotter", "Strang"]
+__all__ = ["AbstractSplitting", "LieTrotter", "Strang", "Swapped"]
 
 
 class AbstractSplitting(AbstractSphereSolver):
@@ -99,3 +99,25 @@ class Strang(AbstractSplitting):
         result = RESULTS.where(r1 == RESULTS.successful, r2, r1)
         result = RESULTS.where(result == RESULTS.successful, r3, result)
         return y1, None, dict(y0=y0, y1=y1), None, result
+
+
+def _swap(terms: MultiTerm) -> MultiTerm:
+    first, second = terms.terms
+    return MultiTerm(second, first)
+
+
+class Swapped(AbstractSphereSolver):
+    """A splitting with the roles of its two fields exchanged: on ``MultiTerm(attention, ffn)``,
+    ``Swapped(Strang(s))`` is half attention, FFN, half attention (the other Strang ordering)
+    and ``Swapped(LieTrotter(s))`` the FFN sub-layer before the attention sub-layer. The same
+    method, the same order; the error constants (the commutator terms) differ."""
+
+    splitting: AbstractSplitting
+
+    term_structure: ClassVar = MultiTerm[tuple[AbstractTerm, AbstractTerm]]
+
+    def order(self, terms):
+        return self.splitting.order(_swap(terms))
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        return self.splitting.step(_swap(terms), t0, t1, y0, args, solver_state, made_jump)
