@@ -60,7 +60,7 @@ import jax.tree_util as jtu
 from diffrax import RESULTS, AbstractERK, AbstractRungeKutta, AbstractSolver, ButcherTableau
 from jaxtyping import Array, PyTree
 
-__all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "unroll_stages"]
+__all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "fixed_step_loop", "unroll_stages"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +202,25 @@ def fixed_step_scan(
         body = jax.checkpoint(body)
     (y, _), ys = jax.lax.scan(body, (y0, state), jnp.arange(num_steps))
     return ys if save_steps else y
+
+
+@eqx.filter_jit
+def fixed_step_loop(terms, solver: AbstractSolver, y0, t1: Array, num_steps: Array):
+    """``y(t1)`` after ``num_steps`` equal steps of ``solver`` from ``y0`` at time 0: the
+    solver's own ``init`` and ``step`` in a ``lax.fori_loop``, as a Transformer applies its
+    layers. ``t1`` and ``num_steps`` are traced arrays, so one program serves every step size;
+    forward only (no reverse mode through a loop of traced length): what a study or a probe
+    runs at many depths, not a training stack (:func:`fixed_step_scan`)."""
+    dt = t1 / num_steps.astype(t1.dtype)
+    state = solver.init(terms, jnp.zeros_like(t1), dt, y0, None)
+
+    def step(i, carry):
+        y, state = carry
+        t0 = i.astype(dt.dtype) * dt
+        y, _, _, state, _ = solver.step(terms, t0, t0 + dt, y, None, state, False)
+        return y, state
+
+    return jax.lax.fori_loop(0, num_steps, step, (y0, state))[0]
 
 
 # ---------------------------------------------------------------------------------------------
