@@ -1,18 +1,16 @@
 """Fixed-step solves as one ``lax.scan``, and what their gradients keep: :class:`ScanAdjoint`
-(the default of :func:`svflow_jax.solvers.solve` with ``num_steps``) and :class:`StoredAdjoint`.
+(the default of :func:`svflow_jax.solvers.solve` with ``num_steps``).
 
 :func:`fixed_step_scan` runs ``N`` equal steps of any diffrax solver as one ``lax.scan`` over
 ``solver.step``, with the explicit Runge-Kutta solvers inside it rewritten by
 :func:`unroll_stages` (the tableau's stages as straight-line code; an FSAL stage that only
 serves an error estimate is not evaluated). It is what a Transformer is: ``N`` layers, no
-step-size control, no dense output. Reverse mode then differentiates it in one of three ways
+step-size control, no dense output. Reverse mode then differentiates it in one of two ways
 (:class:`ScanAdjoint` ``remat``):
 
 * ``True`` (the default): every step is rematerialised (``jax.checkpoint``). The backward pass
   evaluates each stage once more; memory holds one state per step, like the Transformer's
   own backward pass with per-layer rematerialisation.
-* ``False`` (:class:`StoredAdjoint`): nothing is recomputed, every residual of every stage is
-  stored: what PyTorch's autograd does.
 * a :mod:`jax.checkpoint_policies` policy: what it names is stored (``dots_saveable``: the
   matrix products), the rest (elementwise work) recomputed.
 
@@ -20,10 +18,9 @@ Why not diffrax's loop: :class:`diffrax.RecursiveCheckpointAdjoint` keeps a few 
 recomputes the steps between them, and the stages of a Runge-Kutta step are themselves a
 checkpointed loop that recomputes them again. Counted at run time on the attention field
 (``tests/test_stored_adjoint.py``), the gradient of ``Retracted(RK4())`` over 16 steps costs
-240 field evaluations with diffrax's default adjoint, 195 with ``checkpoints=16``, 128 with
-:class:`ScanAdjoint` (64 forward, 64 again in the backward pass) and 64 with
-:class:`StoredAdjoint` (the forward pass alone); ``RetractedEuler()``: 43, 32, 32 and 16.
-Gradients agree to round-off.
+240 field evaluations with diffrax's default adjoint, 195 with ``checkpoints=16`` and 128 with
+:class:`ScanAdjoint` (64 forward, 64 again in the backward pass); ``RetractedEuler()``: 43, 32
+and 32. Gradients agree to round-off.
 
 Measured (``experiments/peer_benchmark.py``, idle 2-core CPU, 7 alternating rounds; the
 gradient of ``Retracted(RK4())`` over 64 steps on the attention field, ``n = d = 256``; time
@@ -32,14 +29,17 @@ temporary memory of the compiled gradient against the growth of PyTorch's peak R
 
 * ``ScanAdjoint()`` (the default): 1.18 / 1.26 (float32 / float64), 36 / 72 MiB;
 * ``ScanAdjoint(remat=jax.checkpoint_policies.dots_saveable)``: 1.30 / 1.35, 611 MiB / 1.2 GiB;
-* ``StoredAdjoint()``: 0.57 / 0.59, 1.0 / 2.1 GiB;
+* storing every residual (``remat=False``, removed): 0.57 / 0.59, 1.0 / 2.1 GiB;
 * diffrax's ``RecursiveCheckpointAdjoint()``: 0.86 / 0.83, 17 / 35 MiB;
 * PyTorch's backprop: 1 by definition, 0.8-1.0 / 1.8-2.1 GiB.
 
-Storing every residual is the slowest: on this CPU moving every elementwise intermediate of
-every stage costs more than recomputing it; storing only the matrix products
-(``dots_saveable``) is the fastest and still needs less memory than PyTorch; the default
-recomputes each step once and grows the peak RSS 16-22 times less than PyTorch. At
+Storing every residual was the slowest, slower than the default at every size and dtype
+measured (also 6.3 / 5.1 against 9.2 / 8.0 at ``n = 32, d = 64``) with 20-30 times its memory:
+on this CPU moving every elementwise intermediate of every stage costs more than recomputing
+it, so that option (``StoredAdjoint``, ``ScanAdjoint(remat=False)``) was removed. Storing only
+the matrix products (``dots_saveable``) is the fastest and still needs less memory than
+PyTorch; the default recomputes each step once and grows the peak RSS 16-22 times less than
+PyTorch. At
 ``n = 32, d = 64`` every choice is 4-9 times faster than PyTorch (per-call overhead dominates
 there).
 
@@ -60,7 +60,7 @@ import jax.tree_util as jtu
 from diffrax import RESULTS, AbstractERK, AbstractRungeKutta, AbstractSolver, ButcherTableau
 from jaxtyping import Array, PyTree
 
-__all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "fixed_step_loop", "unroll_stages"]
+__all__ = ["ScanAdjoint", "fixed_step_scan", "fixed_step_loop", "unroll_stages"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def fixed_step_loop(terms, solver: AbstractSolver, y0, t1: Array, num_steps: Arr
 
 
 # ---------------------------------------------------------------------------------------------
-# StoredAdjoint
+# ScanAdjoint
 # ---------------------------------------------------------------------------------------------
 
 
@@ -265,8 +265,6 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
 
     * ``remat=True`` (default): each step is rematerialised (``jax.checkpoint``); the backward
       pass evaluates every stage once more, memory holds one state per step;
-    * ``remat=False``: nothing is recomputed, every residual of every stage is stored
-      (:class:`StoredAdjoint`), what PyTorch's autograd does;
     * ``remat=policy``, a :mod:`jax.checkpoint_policies` policy: what it names is stored, e.g.
       ``jax.checkpoint_policies.dots_saveable`` keeps the matrix products and recomputes only
       the elementwise work.
@@ -278,6 +276,14 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
     """
 
     remat: bool | Callable = True
+
+    def __check_init__(self):
+        if self.remat is False:
+            raise ValueError(
+                "ScanAdjoint(remat=False) (store every residual, recompute nothing) was removed: "
+                "it was slower than the default remat=True at every size measured, with 20-30 "
+                "times the memory; use the default, or remat=jax.checkpoint_policies."
+                "dots_saveable to store the matrix products")
 
     def loop(
         self, *, solver, max_steps, throw, passed_solver_state, passed_controller_state,
@@ -293,10 +299,3 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
             outer_while_loop=_stored_loop,
             **kwargs,
         )
-
-
-class StoredAdjoint(ScanAdjoint):
-    """:class:`ScanAdjoint` with ``remat=False``: the backward pass evaluates no field, every
-    residual of every stage of every step is stored."""
-
-    remat: bool | Callable = False
