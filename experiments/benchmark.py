@@ -84,7 +84,9 @@ keys ``schema``, ``created``, ``mode``, ``settings``, ``machine``, ``targets``, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import functools
 import math
 import statistics
 import time
@@ -129,8 +131,12 @@ from flax import nnx  # noqa: E402
 
 from svflow_jax import sphere  # noqa: E402
 from svflow_jax.bridge.correspondence import LayerFlow, to_flow  # noqa: E402
+from svflow_jax.designs import DesignConfig, SolverLM  # noqa: E402
 from svflow_jax.environment import environment  # noqa: E402
-from svflow_jax.solvers import LieTrotter, RetractedEuler  # noqa: E402
+from svflow_jax.solvers import LieTrotter, RetractedEuler, solve  # noqa: E402
+from svflow_jax.training.loop import placed, train_step  # noqa: E402
+from svflow_jax.training.recipes import recipe  # noqa: E402
+from svflow_jax.training.trainer import lm_loss, make_optimizer  # noqa: E402
 from svflow_jax.transformer import Transformer, TransformerConfig, layer_params  # noqa: E402
 
 CONTENDERS = ("transformer", "diffrax", "reference")  # the three with targets
@@ -525,6 +531,148 @@ def bench_compile_depth(n: int, d: int, depths: tuple[int, ...], s: Settings) ->
 
 
 # --------------------------------------------------------------------------------------------
+# The training step and the solve's gradient
+# --------------------------------------------------------------------------------------------
+
+
+def evaluation_flops(n: int, d: int, n_heads: int, d_head: int, d_ff: int) -> int:
+    """Matmul flops of one field evaluation (one attention + one FFN sub-layer) on one sequence
+    of ``n`` tokens: one layer of :func:`forward_flops`."""
+    hk = n_heads * d_head
+    return (2 * n * d * 3 * hk  # Q, K, V
+            + 2 * n * hk * d  # W_O
+            + 2 * 2 * n_heads * n * n * d_head  # Q K^T and P V
+            + 2 * 2 * n * d * d_ff)  # FFN (W_in, W_out)
+
+
+def lm_flops(model: DesignConfig, batch: int, n: int, evaluations_per_step: float) -> dict:
+    """Matmul flops of ``svflow train``'s step on a :class:`SolverLM` of ``model``, ``batch``
+    sequences of ``n`` tokens, ``evaluations_per_step`` field evaluations per block (the
+    design's :attr:`~svflow_jax.solvers.catalogue.Method.evaluations_per_step`; a first step
+    that costs more, e.g. FSAL, is not counted).
+
+    ``forward``: the stack (``num_steps`` blocks) and the head ``2 n d V`` per sequence (the
+    embedding is a gather). ``step``: ``3 x forward``, the model flops of a training step (the
+    backward pass takes two matmuls per forward matmul: the gradient of the input and of the
+    weight); the usual convention, so the fraction is comparable with other reports.
+    ``step_with_remat``: what the CPU executes with ``remat=True`` (each block's forward once
+    more in the backward pass). Softmax, norms, GELU, projections, the retraction, the loss and
+    the optimiser are ``O(n d)`` or ``O(H n^2)`` elementwise work, left out as in
+    :func:`forward_flops`."""
+    blocks = batch * model.num_steps * evaluations_per_step * evaluation_flops(
+        n, model.d_model, model.n_heads, model.d_head, model.d_ff)
+    head = batch * 2 * n * model.d_model * model.vocab_size
+    forward = blocks + head
+    return {"forward": forward, "step": 3 * forward,
+            "step_with_remat": 3 * forward + (blocks if model.remat else 0)}
+
+
+# svflow train's default model and batch (full, quick), a tiny one for the smoke test
+TRAIN_SMOKE = dict(model=dict(d_model=16, n_heads=2, d_head=8, d_ff=32, context=8,
+                              num_steps=2, num_anchors=2), batch_size=2)
+
+
+def bench_training(s: Settings, matmul_f32: tuple[Callable, tuple],
+                   overrides: dict | None = None) -> dict[str, Any]:
+    """``svflow train``'s step (the program :func:`svflow_jax.training.loop.fit` compiles:
+    forward, backward, clipping and AdamW) on its default model and batch, and its parts (the
+    loss alone, the loss and its gradient), timed side by side with the float32 matmul;
+    achieved GFLOP/s by :func:`lm_flops` and the fraction of the matmul rate."""
+    overrides = overrides if overrides is not None else (TRAIN_SMOKE if s.mode == "smoke"
+                                                         else {})
+    base = recipe()  # what `svflow train` runs with no options
+    config = dataclasses.replace(
+        base, model=base.model.replace(**overrides.get("model", {})),
+        batch_size=overrides.get("batch_size", base.batch_size))
+    model_cfg = config.model
+    model = SolverLM(model_cfg, rngs=nnx.Rngs(s.seed))
+    _, graphdef, params, rest, tx, opt_state = placed(model, make_optimizer(config))
+    n = model_cfg.context
+    rng = np.random.default_rng(s.seed + 2)
+    tokens = rng.integers(0, model_cfg.vocab_size, (config.batch_size, n + 1))
+    batch = (jnp.asarray(tokens[:, :-1], jnp.int32), jnp.asarray(tokens[:, 1:], jnp.int32),
+             jnp.ones((config.batch_size, n), jnp.float32))
+
+    def loss(params, batch):
+        return lm_loss(nnx.merge(graphdef, params, rest), *batch)[0]
+
+    fns = {
+        "forward": (jax.jit(loss), (params, batch)),
+        "gradient": (jax.jit(jax.value_and_grad(loss)), (params, batch)),
+        "step": (functools.partial(train_step, graphdef, lm_loss, tx),
+                 (params, rest, opt_state, batch)),
+    }
+    compile_s = {}
+    for name, (fn, args) in fns.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        compile_s[name] = time.perf_counter() - start
+    design = model_cfg.layer_design
+    flops = lm_flops(model_cfg, config.batch_size, n, design.evaluations_per_step)
+    work = {"forward": flops["forward"], "gradient": flops["step"], "step": flops["step"]}
+    result = _timed_rates(fns, work, s, matmul_f32)
+    return {"model": dataclasses.asdict(model_cfg) | {"design": design.name},
+            "batch_size": config.batch_size, "tokens_per_step": config.batch_size * n,
+            "flops": flops, "first_call_s": compile_s, **result,
+            "tokens_per_s": config.batch_size * n / result["median_s"]["step"]}
+
+
+def solve_gradient_flops(n: int, cfg: TransformerConfig) -> int:
+    """Model flops of the gradient of a solve of ``cfg``'s flow: ``3 x``
+    :func:`forward_flops` (as :func:`lm_flops`); the default adjoint recomputes each step
+    once more in the backward pass (``4 x`` executed)."""
+    return 3 * forward_flops(n, cfg)
+
+
+def bench_solve_gradient(n: int, d: int, L: int, dtype: Any, s: Settings,
+                         matmul_f32: tuple[Callable, tuple]) -> dict[str, Any]:
+    """The gradient, with respect to every weight of the flow, of a scalar of ``solve``'s
+    output (``LieTrotter(RetractedEuler())``, ``num_steps = L``: the stack of (ii), with
+    :func:`svflow_jax.solvers.solve`'s default adjoint), timed with the float32 matmul."""
+    cfg = make_config(d, L, dtype)
+    params = {k: jnp.asarray(v, dtype) for k, v in random_params(cfg, s.seed).items()}
+    flow = to_flow(cfg, params)
+    x = jnp.asarray(np.random.default_rng(s.seed + 1).standard_normal((n, d)), dtype)
+    y0 = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    weight = jnp.asarray(np.random.default_rng(s.seed + 3).standard_normal((n, d)), dtype)
+
+    def objective(flow, y0):
+        y1 = solve((flow.attention, flow.experts), y0, 0.0, L * flow.step,
+                   solver=LieTrotter(RetractedEuler()), num_steps=L,
+                   saveat=diffrax.SaveAt(t1=True), throw=False).ys[-1]
+        return jnp.sum(y1 * weight)
+
+    fns = {"solve": (jax.jit(objective), (flow, y0)),
+           "solve_gradient": (jax.jit(jax.grad(objective)), (flow, y0))}
+    for fn, args in fns.values():
+        jax.block_until_ready(fn(*args))
+    forward = forward_flops(n, cfg)
+    work = {"solve": forward, "solve_gradient": solve_gradient_flops(n, cfg)}
+    return {"n": n, "d": d, "L": L, "dtype": jnp.dtype(dtype).name, "flops": work,
+            **_timed_rates(fns, work, s, matmul_f32)}
+
+
+def _timed_rates(fns: dict[str, tuple[Callable, tuple]], flops: dict[str, int], s: Settings,
+                 matmul_f32: tuple[Callable, tuple]) -> dict[str, Any]:
+    """``fns`` and the float32 matmul timed round robin; median seconds, GFLOP/s of each
+    (``flops[name]`` per call) and its fraction of the matmul rate of the same repetition."""
+    single = max(time_calls(fn, args, 1) for fn, args in fns.values())
+    number = calls_per_sample(single, s.min_sample)
+    samples = round_robin(fns | {"matmul_f32": matmul_f32}, s.repeats, number)
+    mm = samples.pop("matmul_f32")
+    median = {name: statistics.median(v) for name, v in samples.items()}
+    return {
+        "calls_per_sample": number, "median_s": median, "samples_s": samples,
+        "gflops": {name: flops[name] / t / 1e9 for name, t in median.items()},
+        "matmul_f32_side_by_side": {"median_s": statistics.median(mm),
+                                    "gflops": MATMUL_FLOPS / statistics.median(mm) / 1e9},
+        "fraction_of_f32_matmul": {
+            name: statistics.median(m / t for m, t in zip(mm, v, strict=True))
+            * flops[name] / MATMUL_FLOPS for name, v in samples.items()},
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------------------------
 
@@ -554,6 +702,19 @@ def print_report(res: dict[str, Any]) -> None:
               f" | {g[f'diffrax/{DIAGNOSTIC}']:>6.2f} {g[f'{DIAGNOSTIC}/reference']:>6.2f}"
               f" | {r['gflops']['transformer']:>8.1f} "
               f"{100 * r['fraction_of_f32_matmul']['transformer']:>5.1f}% | {diff:>8.1e}")
+    t = res["training"]
+    print(f"\nsvflow train's step ({t['model']['design']}, d={t['model']['d_model']}, "
+          f"{t['model']['num_steps']} blocks, batch {t['batch_size']} x "
+          f"{t['model']['context']}): {t['tokens_per_s']:.0f} tokens/s")
+    for name in ("forward", "gradient", "step"):
+        print(f"  {name:<9} {1e3 * t['median_s'][name]:9.2f} ms  {t['gflops'][name]:7.1f} GFLOP/s"
+              f"  {100 * t['fraction_of_f32_matmul'][name]:5.1f}% of the f32 matmul")
+    print("the solve's gradient (solve's default adjoint):")
+    for g in res["solve_gradient"]:
+        print(f"  n={g['n']:>4} d={g['d']:>4} L={g['L']:>3} {g['dtype']:>7}: "
+              + "  ".join(f"{name} {g['gflops'][name]:7.1f} GFLOP/s "
+                          f"{100 * g['fraction_of_f32_matmul'][name]:5.1f}%"
+                          for name in ("solve", "solve_gradient")))
     c = res["compile_vs_depth"]
     lo, hi = c["depths"][0], c["depths"][-1]
     print(f"\ncompile (trace + lower + XLA), n={c['n']} d={c['d']} float32, seconds:")
@@ -599,6 +760,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"timing n={n} d={dm} L={L} {jnp.dtype(dtype).name} ...", flush=True)
             runs.append(bench_size(n, dm, L, dtype, s, matmul_f32,
                                    matmul[jnp.dtype(dtype).name]["gflops"]))
+    print("timing svflow train's step ...", flush=True)
+    training = bench_training(s, matmul_f32)
+    gradients = []
+    for n, dm, L in SIZES[mode]:
+        for dtype in dtypes:
+            print(f"timing the solve's gradient n={n} d={dm} L={L} {jnp.dtype(dtype).name} ...",
+                  flush=True)
+            gradients.append(bench_solve_gradient(n, dm, L, dtype, s, matmul_f32))
     print(f"compile time at L={depths} ...", flush=True)
     compile_depth = bench_compile_depth(depth_n, depth_d, depths, s)
 
@@ -624,6 +793,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "targets": TARGETS,
         "matmul": matmul,
         "runs": runs,
+        "training": training,
+        "solve_gradient": gradients,
         "compile_vs_depth": compile_depth,
         "summary": {
             "all_targets_met": not missed,

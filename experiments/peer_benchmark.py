@@ -55,7 +55,6 @@ fwd_euler         ``solve``, ``RetractedEuler()``, 64 steps         the same loo
 fwd_rk4           ``solve``, ``Retracted(RK4())``, 64 steps         the same retracted RK4, eager
 fwd_dopri5        ``Retracted(Dopri5())``, PID rtol = atol = 1e-6   ``torchdiffeq.odeint`` dopri5
 grad_rk4          default: ``ScanAdjoint()`` (steps recomputed)    backprop through the loop
-grad_rk4_stored   ``StoredAdjoint()`` (stores, no recomputation)   backprop through the loop
 grad_rk4_dots     ``ScanAdjoint(dots_saveable)`` (stores products) backprop through the loop
 grad_rk4_recur    diffrax's ``RecursiveCheckpointAdjoint()``       backprop through the loop
 grad_dopri5       default ``RecursiveCheckpointAdjoint``            backprop through odeint
@@ -98,10 +97,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 N_HEADS = 4
 CASES = (
-    "fwd_euler", "fwd_rk4", "fwd_dopri5", "grad_rk4", "grad_rk4_stored", "grad_rk4_dots",
+    "fwd_euler", "fwd_rk4", "fwd_dopri5", "grad_rk4", "grad_rk4_dots",
     "grad_rk4_recur", "grad_dopri5", "grad_dopri5_adj", "transformer_fwd", "train_step",
 )
-GRADIENT_CASES = ("grad_rk4", "grad_rk4_stored", "grad_rk4_dots", "grad_rk4_recur", "grad_dopri5",
+GRADIENT_CASES = ("grad_rk4", "grad_rk4_dots", "grad_rk4_recur", "grad_dopri5",
                   "grad_dopri5_adj", "train_step")
 # On a GPU (and on request): the RK4 loop with the field compiled by torch.compile.
 COMPILED_CASES = ("fwd_rk4_compiled",)
@@ -192,7 +191,6 @@ def jax_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int
         Retracted,
         RetractedEuler,
         ScanAdjoint,
-        StoredAdjoint,
         solve,
     )
     from svflow_jax.transformer import Transformer, layer_params
@@ -222,8 +220,6 @@ def jax_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: int
         "fwd_rk4": lambda p: final(p, rk4, num_steps=steps),
         "fwd_dopri5": lambda p: final(p, dopri, stepsize_controller=pid),
         "grad_rk4": jax.grad(lambda p: loss(p, rk4, num_steps=steps)),
-        "grad_rk4_stored": jax.grad(
-            lambda p: loss(p, rk4, num_steps=steps, adjoint=StoredAdjoint())),
         "grad_rk4_recur": jax.grad(lambda p: loss(
             p, rk4, num_steps=steps, adjoint=diffrax.RecursiveCheckpointAdjoint())),
         "grad_rk4_dots": jax.grad(lambda p: loss(
@@ -359,7 +355,6 @@ def torch_cases(inputs: dict[str, np.ndarray], dtype: str, steps: int, layers: i
         "fwd_rk4": (lambda: rk4(fixed), ()),
         "fwd_dopri5": (lambda: dopri(fixed), ()),
         "grad_rk4": (gradient(rk4), ()),
-        "grad_rk4_stored": (gradient(rk4), ()),
         "grad_rk4_recur": (gradient(rk4), ()),
         "grad_rk4_dots": (gradient(rk4), ()),
         "grad_dopri5": (gradient(dopri), ()),

@@ -67,6 +67,47 @@ def test_benchmark_smoke_writes_documented_json(tmp_path):
     assert set(depth["ratios"]) == CONTENDERS
     assert {"all_targets_met", "missed", "agreement_ok"} <= set(result["summary"])
 
+    training = result["training"]  # svflow train's step, on the smoke test's tiny model
+    assert set(training["median_s"]) == {"forward", "gradient", "step"}
+    assert training["flops"]["step"] == 3 * training["flops"]["forward"] > 0
+    assert all(0 < v for v in training["fraction_of_f32_matmul"].values())
+    assert training["tokens_per_s"] > 0 and training["model"]["design"] == "euler"
+    assert {g["dtype"] for g in result["solve_gradient"]} == {"float32", "float64"}
+    for g in result["solve_gradient"]:
+        assert set(g["gflops"]) == {"solve", "solve_gradient"}
+        assert g["flops"]["solve_gradient"] == 3 * g["flops"]["solve"]
+
+
+def _benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flop_counts_match_a_hand_count():
+    """The training step's matmul flops on a small model, counted by hand: widths d = 8, two
+    heads of 4, d_ff = 16, 3 blocks of one evaluation, vocabulary 10, 2 sequences of 4 tokens.
+    Per evaluation and sequence: Q, K, V 3 x 2*4*8*8 = 1536, W_O 2*4*8*8 = 512, scores and
+    P V 2 x 2*2*4^2*4 = 512, FFN 2 x 2*4*8*16 = 2048: 4608; the stack 2*3*4608 = 27648; the
+    head 2 x 2*4*8*10 = 1280."""
+    bench = _benchmark_module()
+    model = bench.DesignConfig(d_model=8, n_heads=2, d_head=4, d_ff=16, num_steps=3,
+                               num_anchors=3, vocab_size=10, context=4)
+    assert bench.evaluation_flops(4, 8, 2, 4, 16) == 4608
+    assert bench.lm_flops(model, 2, 4, 1) == {
+        "forward": 28928, "step": 3 * 28928, "step_with_remat": 3 * 28928 + 27648}
+    assert bench.lm_flops(model.replace(remat=False), 2, 4, 1)["step_with_remat"] == 3 * 28928
+    assert bench.lm_flops(model, 2, 4, 4)["forward"] == 4 * 27648 + 1280  # e.g. RK4: 4 per step
+    # the solve's gradient: three forward passes of the same stack (L = 3 layers, d_ff = 4 d)
+    cfg = bench.make_config(8, 3, "float32")
+    assert bench.solve_gradient_flops(4, cfg) == 3 * bench.forward_flops(4, cfg) == 3 * 3 * (
+        1536 + 512 + 2 * 2 * 4 * 4**2 * 2 + 2 * 2 * 4 * 8 * 32)
+
 
 @pytest.mark.parametrize(("bad", "named"), [
     (["--repeats", "0"], "argument --repeats: must be a positive integer"),

@@ -99,7 +99,7 @@ def _run(tmp_path, *argv) -> dict:
 
 def test_project_side_alone_runs_without_torch(tmp_path):
     """Today's size and a batched one with other heads (the large size's shape, scaled down)."""
-    cases = ["fwd_rk4", "grad_rk4_stored", "train_step", "fwd_rk4_compiled"]
+    cases = ["fwd_rk4", "grad_rk4", "train_step", "fwd_rk4_compiled"]
     result = _run(tmp_path, "--quick", "--jax-only", "--dtypes", "float32", "--rounds", "1",
                   "--cases", ",".join(cases), "--sizes", "8x16,2x8x16:2")
     assert [(r["batch"], r["heads"]) for r in result["runs"]] == [(1, 4), (2, 2)]
@@ -108,7 +108,7 @@ def test_project_side_alone_runs_without_torch(tmp_path):
         assert set(run["cases"]) == set(cases)
         for case in cases:
             assert run["cases"][case]["median_s"]["jax"] > 0
-        assert run["cases"]["grad_rk4_stored"]["memory"]["jax"]["xla_temp_bytes"] > 0
+        assert run["cases"]["grad_rk4"]["memory"]["jax"]["xla_temp_bytes"] > 0
     batched = np.load(tmp_path / "outputs_jax_b2_n8_d16_h2_float32.npz")["fwd_rk4/y"]
     assert batched.shape == (2, 8, 16)
     assert np.allclose(np.linalg.norm(batched, axis=-1), 1, atol=1e-5)  # on the sphere

@@ -326,13 +326,13 @@ def test_a_methods_evaluation_counts_are_measured_once(monkeypatch):
     from svflow_jax.solvers import catalogue
 
     probes = []
-    real = catalogue.fixed_step_scan
+    real = catalogue._probe
 
     def counting(*args, **kwargs):
-        probes.append(args[-1])  # num_steps
+        probes.append(int(args[-1]))  # num_steps
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(catalogue, "fixed_step_scan", counting)
+    monkeypatch.setattr(catalogue, "_probe", counting)
     method = dataclasses.replace(catalogue.get("heun"))  # a fresh instance
     first = catalogue.evaluations(method, 3)
     assert catalogue.evaluations(method, 3) == first and len(probes) == 1

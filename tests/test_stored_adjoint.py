@@ -1,5 +1,5 @@
-"""``ScanAdjoint`` / ``StoredAdjoint``: the same gradient as the default adjoint, with fewer
-field evaluations.
+"""``ScanAdjoint``: the same gradient as diffrax's default adjoint, with fewer field
+evaluations; storing every residual (``remat=False``) is refused.
 
 Evaluations are counted at run time: the field is a ``jax.custom_vjp`` whose forward rule calls
 a host callback (with the state as argument, so that no loop hoists it as loop-invariant); a
@@ -17,7 +17,7 @@ import pytest
 from svflow_jax import sphere
 from svflow_jax.flow import AttentionField
 from svflow_jax.flow.attention import AttentionParams
-from svflow_jax.solvers import RK4, Retracted, RetractedEuler, ScanAdjoint, StoredAdjoint, solve
+from svflow_jax.solvers import RK4, Retracted, RetractedEuler, ScanAdjoint, solve
 
 N, D, H, STEPS = 6, 8, 2, 8
 _count = {"f": 0}
@@ -71,43 +71,18 @@ def _gradient(solver, adjoint, counted):
     return g, _count["f"]
 
 
-@pytest.mark.parametrize(
-    "solver, forward_evals",
-    [(RetractedEuler(), STEPS), (Retracted(RK4()), 4 * STEPS)],
-    ids=["euler", "rk4"],
-)
-def test_stored_gradient_equals_default_with_no_recomputation(solver, forward_evals):
-    g_default, n_default = _gradient(solver, diffrax.RecursiveCheckpointAdjoint(), True)
-    g_full, n_full = _gradient(solver, diffrax.RecursiveCheckpointAdjoint(STEPS), True)
-    g_stored, n_stored = _gradient(solver, StoredAdjoint(), True)
-    # The backward pass of the stored path evaluates no field: only the forward pass's (RK4:
-    # four stages per step, the FSAL fifth stage, needed only for an error estimate, skipped).
-    assert n_stored == forward_evals
-    assert n_default > n_full > n_stored
-    for a, b in zip(jax.tree.leaves(g_stored), jax.tree.leaves(g_default), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
-    for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_default), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
-    # The uncounted field gives the same gradient (the custom_vjp wrapper changes nothing).
-    g_plain, _ = _gradient(solver, StoredAdjoint(), False)
-    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_stored), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+def test_storing_every_residual_is_refused():
+    """``ScanAdjoint(remat=False)`` (the former ``StoredAdjoint``) was slower than the default
+    at every size of the peer benchmark, with 20-30 times its memory: it is refused."""
+    with pytest.raises(ValueError, match="was removed"):
+        ScanAdjoint(remat=False)
 
 
-def test_stored_forward_equals_default():
+def test_scan_adjoint_needs_num_steps():
     params, y0 = _problem()
-    solver = Retracted(RK4())
-    a = solve(AttentionField(params), y0, 0.0, 1.0, solver=solver, num_steps=STEPS).ys[-1]
-    b = solve(AttentionField(params), y0, 0.0, 1.0, solver=solver, num_steps=STEPS,
-              adjoint=StoredAdjoint()).ys[-1]
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)
-
-
-def test_stored_adjoint_needs_num_steps():
-    params, y0 = _problem()
-    with pytest.raises(ValueError, match="StoredAdjoint is for fixed-step solves"):
+    with pytest.raises(ValueError, match="ScanAdjoint is for fixed-step solves"):
         solve(AttentionField(params), y0, 0.0, 1.0, solver=Retracted(RK4()), dt0=0.125,
-              adjoint=StoredAdjoint())
+              adjoint=ScanAdjoint())
 
 
 def test_backsolve_still_refused():
@@ -117,7 +92,7 @@ def test_backsolve_still_refused():
               adjoint=diffrax.BacksolveAdjoint())
 
 
-def test_stored_gradient_with_splitting_and_dense_saves():
+def test_scan_gradient_with_splitting_and_dense_saves():
     """A splitting of two fields (LieTrotter) and SaveAt(ts=...) (diffrax's inner loop)."""
     from svflow_jax.solvers import LieTrotter
 
@@ -136,7 +111,7 @@ def test_stored_gradient_with_splitting_and_dense_saves():
             return jnp.sum(sol.ys ** 2 * weights)
 
         a = jax.grad(loss)(params, diffrax.RecursiveCheckpointAdjoint())
-        b = jax.grad(loss)(params, StoredAdjoint())
+        b = jax.grad(loss)(params, ScanAdjoint())
         for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(a), strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-13)
 

@@ -122,11 +122,22 @@ def _gaps(config, params, x) -> dict[str, np.ndarray]:
     """:func:`svflow_jax.bridge.correspondence.layer_gaps`'s figures (``per_layer``, ``moved``,
     ``scale``), with ``radial_factors`` for a standard post-norm stack and ``router_logits``
     (at each layer's FFN input) for a MoE one: one compiled program, NumPy arrays back."""
-    gaps = jax.tree.map(np.asarray, _gaps_program(config, dict(params), x))
-    if not np.all(np.isfinite(gaps["per_layer"])):  # checked here: the program stays cacheable
-        raise SolveError("the flow side returned NaN (a standard post-norm step with "
-                         "1 + h x.u <= 0, or a field that produced NaN)")
-    return gaps
+    return _all_gaps([(config, params, x)])[0]
+
+
+def _all_gaps(cases) -> list[dict[str, np.ndarray]]:
+    """:func:`_gaps` of each ``(config, params, x)``, all in one program."""
+    out = jax.tree.map(np.asarray, _gaps_programs(tuple((c, dict(p), x) for c, p, x in cases)))
+    for gaps in out:
+        if not np.all(np.isfinite(gaps["per_layer"])):  # here: the program stays cacheable
+            raise SolveError("the flow side returned NaN (a standard post-norm step with "
+                             "1 + h x.u <= 0, or a field that produced NaN)")
+    return out
+
+
+@eqx.filter_jit
+def _gaps_programs(cases):
+    return [_gaps_program(*case) for case in cases]
 
 
 @eqx.filter_jit
@@ -170,12 +181,16 @@ for _i, _variant in enumerate(VARIANTS):
        "solve(v_A + v_F, RetractedEuler(), num_steps=L); a parallel pre-norm stack is "
        "diffrax.Euler on dy/dt = F(y / |y|) (written independently of flow_states).")
 def plain_solve(ctx: Context) -> Evidence:
-    rows = []
-    for position, projected in (("post", True), ("pre", False)):
+    rows, cases = [], []
+    positions = (("post", True), ("pre", False))
+    for position, projected in positions:
         config = transformer_config(ctx, norm_position=position, block="parallel",
                                     project_branches=projected)
-        params = random_params(config, ctx.options.seed + 11)
-        diff, scale = map(float, _plain_solve_gap(config, params, inputs(ctx)))
+        cases.append((config, random_params(config, ctx.options.seed + 11), inputs(ctx)))
+    gaps = _plain_solve_gaps(tuple(cases))  # both stacks in one program
+    for (position, _), (config, _, _), (diff, scale) in zip(positions, cases, gaps,
+                                                            strict=True):
+        diff, scale = float(diff), float(scale)
         if not math.isfinite(diff):
             raise FloatingPointError(f"the {position}-norm plain solve produced NaN")
         tolerance = exactness_tolerance(config.param_dtype, config.n_layers, scale)
@@ -185,6 +200,11 @@ def plain_solve(ctx: Context) -> Evidence:
                     {"max_abs_diff": max(r["max_abs_diff"] for r in rows)},
                     "max abs diff <= the exactness tolerance of each row", rows,
                     headline="max_abs_diff")
+
+
+@eqx.filter_jit
+def _plain_solve_gaps(cases):
+    return [_plain_solve_gap(*case) for case in cases]
 
 
 @eqx.filter_jit
@@ -218,12 +238,15 @@ def _plain_solve_gap(config, params, x):
 def float32_bound(ctx: Context) -> Evidence:
     precision = precision_in_force()
     eps = 2 * precision["float32_unit_roundoff"]
-    rows = []
-    for position, projected in (("post", True), ("pre", False)):
+    rows, cases = [], []
+    positions = (("post", True), ("pre", False))
+    for position, projected in positions:
         config = transformer_config(ctx, norm_position=position, block="sequential",
                                     project_branches=projected, param_dtype=jnp.float32)
-        params = random_params(config, ctx.options.seed + 13)
-        gaps = _gaps(config, params, np.asarray(inputs(ctx)).astype(np.float32))
+        cases.append((config, random_params(config, ctx.options.seed + 13),
+                      np.asarray(inputs(ctx)).astype(np.float32)))
+    for (position, _), (config, _, _), gaps in zip(positions, cases, _all_gaps(cases),
+                                                   strict=True):
         per_layer = gaps["per_layer"].astype(float)
         layers = np.arange(1, config.n_layers + 1)
         ratio = float(np.max(per_layer / (layers * eps * float(gaps["scale"]))))

@@ -39,6 +39,7 @@ from jaxtyping import Array, Float
 
 from .. import fitting, sphere
 from ..solvers import Retracted, SolveError
+from ..solvers.adjoint import fixed_step_loop
 
 __all__ = [
     "EXACT_FLOAT64",
@@ -304,18 +305,7 @@ def fixed_step_solve(terms, solver, y0, t1, num_steps) -> Array:
     return y
 
 
-@eqx.filter_jit
-def _fixed_steps(terms, solver, y0, t1, num_steps):
-    dt = t1 / num_steps.astype(t1.dtype)
-    state = solver.init(terms, jnp.zeros_like(t1), dt, y0, None)
-
-    def step(i, carry):
-        y, state = carry
-        t0 = i.astype(dt.dtype) * dt
-        y, _, _, state, _ = solver.step(terms, t0, t0 + dt, y, None, state, False)
-        return y, state
-
-    return jax.lax.fori_loop(0, num_steps, step, (y0, state))[0]
+_fixed_steps = fixed_step_loop  # the claims' name for it
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:

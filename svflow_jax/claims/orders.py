@@ -25,6 +25,8 @@ from .core import Claim, Context, Evidence, claim, claim_family
 from .measure import (
     HIGH_ORDER_EXCESS,
     MIN_STEPS_IN_FIT,
+    _fixed_steps,
+    _geodesic_error,
     fit_floor,
     fit_window,
     fixed_step_solve,
@@ -218,16 +220,17 @@ def aligned_rk4(ctx: Context) -> Evidence:
     ref = ctx.shared("piecewise-reference", build_reference)
     per_layer = [1, 2, 4, 8, 16]
     solver = Retracted(RK4())
-    rows = []
-    for k in per_layer:
-        count = k * ANCHORS
-        staged = fixed_step_solve(diffrax.ODETerm(field(PiecewiseConstant)), solver,
-                                  problem.u0, problem.t1, count)
-        naive = fixed_step_solve(diffrax.ODETerm(field(_RightContinuousLayers)), solver,
-                                 problem.u0, problem.t1, count)
-        rows.append({"steps_per_layer": k, "step_size": problem.t1 / count,
-                     "error": geodesic_error(staged, ref),
-                     "error_without_stage_rule": geodesic_error(naive, ref)})
+    counts = np.asarray([k * ANCHORS for k in per_layer])
+    u0 = problem.u0
+    # both fields at every step count in one program (four programs otherwise)
+    errors = np.asarray(_aligned_errors(
+        (diffrax.ODETerm(field(PiecewiseConstant)), diffrax.ODETerm(field(_RightContinuousLayers))),
+        solver, u0, np.asarray(problem.t1, u0.dtype), counts, ref))
+    if np.isnan(errors).any():  # checked here, not in the program (it stays cacheable)
+        raise FloatingPointError("a fixed-step solve produced NaN")
+    rows = [{"steps_per_layer": k, "step_size": problem.t1 / int(count),
+             "error": float(staged), "error_without_stage_rule": float(naive)}
+            for k, count, staged, naive in zip(per_layer, counts, *errors, strict=True)]
     steps = [r["step_size"] for r in rows]
     fit = fit_window(steps, [r["error"] for r in rows])
     naive_fit = fit_window(steps, [r["error_without_stage_rule"] for r in rows], floor=0.0)
@@ -240,6 +243,15 @@ def aligned_rk4(ctx: Context) -> Evidence:
 
 
 @eqx.filter_jit
+def _aligned_errors(terms, solver, y0, t1, counts, ref):
+    """The geodesic error of ``solver`` on each of ``terms`` at each step count, against
+    ``ref``: ``(len(terms), len(counts))``, one program."""
+    return jnp.stack([jax.lax.map(
+        lambda n, term=term: _geodesic_error(_fixed_steps(term, solver, y0, t1, n), ref), counts)
+        for term in terms])
+
+
+@eqx.filter_jit
 def _layer_weights(smooth, h):
     """``theta(l h)`` of the attention and FFN paths, ``l = 0..ANCHORS-1``, in one program."""
     times = jnp.arange(ANCHORS, dtype=jnp.float64) * h
@@ -249,20 +261,44 @@ def _layer_weights(smooth, h):
 def drift_rows(ctx: Context, spec: Method, num_sizes: int = 6) -> dict:
     """``max | |y(T)| - 1 |`` of ``spec``'s method WITHOUT retraction (its step in ``R^d``); a
     method on the sphere by construction reports the drift of its own sweep."""
-    if spec.ambient is None:
-        sweep = _shared_sweep(ctx, spec)
-        points = [{k: p[k] for k in ("num_steps", "step_size", "norm_drift")}
-                  for p in sweep.rows]
-        return {"solver": spec.name, "retracted": True, "points": points}
+    return _drift_tables(ctx, [spec], num_sizes)[0]
+
+
+def _drift_tables(ctx: Context, specs: list[Method], num_sizes: int = 6) -> list[dict]:
+    """:func:`drift_rows` of every method in ``specs``; the methods in ``R^d`` all run in one
+    program (one per method otherwise)."""
     problem = test_problem(ctx)
     field, y0 = _in_run_dtype(ctx)
-    counts = step_counts(*spec.step_range, num_sizes)
-    points = []
-    for count in counts:
-        y = fixed_step_solve(diffrax.ODETerm(field), spec.ambient, y0, problem.t1, count)
-        points.append({"num_steps": count, "step_size": problem.t1 / count,
-                       "norm_drift": float(_norm_drift(y))})
-    return {"solver": spec.name, "retracted": False, "points": points}
+    ambient = [spec for spec in specs if spec.ambient is not None]
+    counts = [step_counts(*spec.step_range, num_sizes) for spec in ambient]
+    drifts = np.asarray(_ambient_drifts(diffrax.ODETerm(field), tuple(s.ambient for s in ambient),
+                                        y0, np.asarray(problem.t1, y0.dtype),
+                                        np.asarray(counts)) if ambient else [])
+    if np.isnan(drifts).any():  # checked here, not in the program (it stays cacheable)
+        raise FloatingPointError("a fixed-step solve produced NaN")
+    tables = []
+    for spec in specs:
+        if spec.ambient is None:
+            sweep = _shared_sweep(ctx, spec)
+            points = [{k: p[k] for k in ("num_steps", "step_size", "norm_drift")}
+                      for p in sweep.rows]
+            tables.append({"solver": spec.name, "retracted": True, "points": points})
+            continue
+        row = ambient.index(spec)
+        points = [{"num_steps": count, "step_size": problem.t1 / count,
+                   "norm_drift": float(drift)}
+                  for count, drift in zip(counts[row], drifts[row], strict=True)]
+        tables.append({"solver": spec.name, "retracted": False, "points": points})
+    return tables
+
+
+@eqx.filter_jit
+def _ambient_drifts(terms, solvers, y0, t1, counts):
+    """``norm_drift(y(t1))`` of each solver (in ``R^d``) at each of its step counts (a row of
+    ``counts``): every solve in one program."""
+    return jnp.stack([jax.lax.map(
+        lambda n, solver=solver: sphere.norm_drift(_fixed_steps(terms, solver, y0, t1, n)), row)
+        for solver, row in zip(solvers, counts, strict=True)])
 
 
 @claim("drift", "orders",
@@ -270,7 +306,7 @@ def drift_rows(ctx: Context, spec: Method, num_sizes: int = 6) -> dict:
        "sphere solvers stay on it to round-off.")
 def drift(ctx: Context) -> Evidence:
     single = _catalogue.methods(splitting=False)
-    rows = [drift_rows(ctx, spec) for spec in single]
+    rows = _drift_tables(ctx, single)
     tolerance = sphere.unit_tolerance(ctx.options.jnp_dtype, ctx.options.dim)
     # Every solver's drift on the sphere comes from its sweep (the retracted solves).
     on_sphere = max(_shared_sweep(ctx, spec).figures["max_norm_drift"]

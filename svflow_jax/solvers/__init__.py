@@ -44,8 +44,8 @@ and an error (never a silently wrong state) when the solve fails, e.g. by runnin
 
 Adjoints: use :class:`diffrax.RecursiveCheckpointAdjoint` (the default), which differentiates
 the discrete steps themselves, recomputing them from checkpoints, or, for fixed-step solves,
-:class:`StoredAdjoint` (:mod:`.adjoint`), which stores the forward pass instead (no field
-evaluation in the backward pass; memory for every stage of every step).
+:class:`ScanAdjoint` (:mod:`.adjoint`, the default with ``num_steps``), one ``lax.scan`` whose
+steps are each recomputed once in the backward pass.
 :class:`diffrax.BacksolveAdjoint` solves the continuous adjoint ODE backwards in the ambient
 space and does not know about the retraction: its gradients are not those of the retracted
 discretisation, so :func:`solve` refuses it.
@@ -56,7 +56,7 @@ from ._interpolation import (
     RetractedInterpolation,
     RetractedLinearInterpolation,
 )
-from .adjoint import ScanAdjoint, StoredAdjoint, fixed_step_scan, unroll_stages
+from .adjoint import ScanAdjoint, fixed_step_scan, unroll_stages
 from .base import AbstractSphereSolver, within_step
 from .catalogue import (
     CATALOGUE,
@@ -94,7 +94,6 @@ __all__ = [
     "within_step",
     "SolveError",
     "ScanAdjoint",
-    "StoredAdjoint",
     "fixed_step_scan",
     "unroll_stages",
     "solve",

@@ -1,18 +1,16 @@
 """Fixed-step solves as one ``lax.scan``, and what their gradients keep: :class:`ScanAdjoint`
-(the default of :func:`svflow_jax.solvers.solve` with ``num_steps``) and :class:`StoredAdjoint`.
+(the default of :func:`svflow_jax.solvers.solve` with ``num_steps``).
 
 :func:`fixed_step_scan` runs ``N`` equal steps of any diffrax solver as one ``lax.scan`` over
 ``solver.step``, with the explicit Runge-Kutta solvers inside it rewritten by
 :func:`unroll_stages` (the tableau's stages as straight-line code; an FSAL stage that only
 serves an error estimate is not evaluated). It is what a Transformer is: ``N`` layers, no
-step-size control, no dense output. Reverse mode then differentiates it in one of three ways
+step-size control, no dense output. Reverse mode then differentiates it in one of two ways
 (:class:`ScanAdjoint` ``remat``):
 
 * ``True`` (the default): every step is rematerialised (``jax.checkpoint``). The backward pass
   evaluates each stage once more; memory holds one state per step, like the Transformer's
   own backward pass with per-layer rematerialisation.
-* ``False`` (:class:`StoredAdjoint`): nothing is recomputed, every residual of every stage is
-  stored: what PyTorch's autograd does.
 * a :mod:`jax.checkpoint_policies` policy: what it names is stored (``dots_saveable``: the
   matrix products), the rest (elementwise work) recomputed.
 
@@ -20,16 +18,17 @@ Why not diffrax's loop: :class:`diffrax.RecursiveCheckpointAdjoint` keeps a few 
 recomputes the steps between them, and the stages of a Runge-Kutta step are themselves a
 checkpointed loop that recomputes them again. Counted at run time on the attention field
 (``tests/test_stored_adjoint.py``), the gradient of ``Retracted(RK4())`` over 16 steps costs
-240 field evaluations with diffrax's default adjoint, 195 with ``checkpoints=16``, 128 with
-:class:`ScanAdjoint` (64 forward, 64 again in the backward pass) and 64 with
-:class:`StoredAdjoint` (the forward pass alone); ``RetractedEuler()``: 43, 32, 32 and 16.
-Gradients agree to round-off.
+240 field evaluations with diffrax's default adjoint, 195 with ``checkpoints=16`` and 128 with
+:class:`ScanAdjoint` (64 forward, 64 again in the backward pass); ``RetractedEuler()``: 43, 32
+and 32. Gradients agree to round-off.
 
-Which one to use trades time against memory, and the trade depends on the machine:
-``StoredAdjoint`` keeps every elementwise intermediate of every stage, ``ScanAdjoint()``
-recomputes each step once in the backward pass, and ``ScanAdjoint(remat=dots_saveable)`` keeps
-only the matrix products. Their times and memory against PyTorch's backprop, measured by
-``experiments/peer_benchmark.py``, are on the results page ``docs/results/peer-benchmark.md``.
+Which one to use trades time against memory: ``ScanAdjoint()`` (the default) recomputes each
+step once in the backward pass, and ``ScanAdjoint(remat=dots_saveable)`` keeps only the matrix
+products. Storing every elementwise intermediate of every stage (the former ``StoredAdjoint``,
+``ScanAdjoint(remat=False)``) was removed: it was slower than recomputing at every size and
+dtype measured, with 20-30 times the memory. Times and memory against PyTorch's backprop,
+measured by ``experiments/peer_benchmark.py``, are on the results page
+``docs/results/peer-benchmark.md``.
 
 Only fixed steps: :func:`solve` refuses these adjoints without ``num_steps``. With
 ``SaveAt(ts=...)`` or dense output, :func:`solve` runs diffrax's own loop (unrolled into a scan
@@ -48,7 +47,7 @@ import jax.tree_util as jtu
 from diffrax import RESULTS, AbstractERK, AbstractRungeKutta, AbstractSolver, ButcherTableau
 from jaxtyping import Array, PyTree
 
-__all__ = ["ScanAdjoint", "StoredAdjoint", "fixed_step_scan", "unroll_stages"]
+__all__ = ["ScanAdjoint", "fixed_step_scan", "fixed_step_loop", "unroll_stages"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,8 +191,27 @@ def fixed_step_scan(
     return ys if save_steps else y
 
 
+@eqx.filter_jit
+def fixed_step_loop(terms, solver: AbstractSolver, y0, t1: Array, num_steps: Array):
+    """``y(t1)`` after ``num_steps`` equal steps of ``solver`` from ``y0`` at time 0: the
+    solver's own ``init`` and ``step`` in a ``lax.fori_loop``, as a Transformer applies its
+    layers. ``t1`` and ``num_steps`` are traced arrays, so one program serves every step size;
+    forward only (no reverse mode through a loop of traced length): what a study or a probe
+    runs at many depths, not a training stack (:func:`fixed_step_scan`)."""
+    dt = t1 / num_steps.astype(t1.dtype)
+    state = solver.init(terms, jnp.zeros_like(t1), dt, y0, None)
+
+    def step(i, carry):
+        y, state = carry
+        t0 = i.astype(dt.dtype) * dt
+        y, _, _, state, _ = solver.step(terms, t0, t0 + dt, y, None, state, False)
+        return y, state
+
+    return jax.lax.fori_loop(0, num_steps, step, (y0, state))[0]
+
+
 # ---------------------------------------------------------------------------------------------
-# StoredAdjoint
+# ScanAdjoint
 # ---------------------------------------------------------------------------------------------
 
 
@@ -234,8 +252,6 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
 
     * ``remat=True`` (default): each step is rematerialised (``jax.checkpoint``); the backward
       pass evaluates every stage once more, memory holds one state per step;
-    * ``remat=False``: nothing is recomputed, every residual of every stage is stored
-      (:class:`StoredAdjoint`), what PyTorch's autograd does;
     * ``remat=policy``, a :mod:`jax.checkpoint_policies` policy: what it names is stored, e.g.
       ``jax.checkpoint_policies.dots_saveable`` keeps the matrix products and recomputes only
       the elementwise work.
@@ -247,6 +263,14 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
     """
 
     remat: bool | Callable = True
+
+    def __check_init__(self):
+        if self.remat is False:
+            raise ValueError(
+                "ScanAdjoint(remat=False) (store every residual, recompute nothing) was removed: "
+                "it was slower than the default remat=True at every size measured, with 20-30 "
+                "times the memory; use the default, or remat=jax.checkpoint_policies."
+                "dots_saveable to store the matrix products")
 
     def loop(
         self, *, solver, max_steps, throw, passed_solver_state, passed_controller_state,
@@ -262,10 +286,3 @@ class ScanAdjoint(diffrax.AbstractAdjoint):
             outer_while_loop=_stored_loop,
             **kwargs,
         )
-
-
-class StoredAdjoint(ScanAdjoint):
-    """:class:`ScanAdjoint` with ``remat=False``: the backward pass evaluates no field, every
-    residual of every stage of every step is stored."""
-
-    remat: bool | Callable = False

@@ -41,6 +41,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 from fractions import Fraction
 from typing import Any
 
@@ -50,8 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from diffrax import AbstractSolver, MultiTerm, ODETerm
 
-from .. import sphere
-from .adjoint import fixed_step_scan
+from .adjoint import fixed_step_loop, unroll_stages
 from .euler import GeodesicEuler, RetractedEuler
 from .lie_group import RKMK4, CrouchGrossman3
 from .runge_kutta import RK4, Retracted, WithinStep
@@ -194,37 +194,65 @@ def evaluations(method: Method | AbstractSolver, num_steps: int,
     blocks), counted at run time on a small rotation field ``v(t, x) = S x`` (``S`` skew, two
     tokens in ``d = 3``): one attention + one FFN = 1, a splitting's sub-layer = 1/2.
 
-    The count is taken with :func:`jax.debug.callback` inside the stack's ``lax.scan``
-    (:func:`~svflow_jax.solvers.fixed_step_scan`), so a stage evaluated inside a loop counts
-    once per iteration and an FSAL stage reused from the previous step counts once. A
-    :class:`Method`'s counts are kept (it is immutable): each is measured once per process."""
+    The count is taken with :func:`jax.debug.callback` in the field, inside a loop over the
+    steps (:func:`_probe`), with the explicit Runge-Kutta stages written out as
+    :func:`~svflow_jax.solvers.fixed_step_scan` runs them (:func:`unroll_stages`), so a stage
+    evaluated inside a loop counts once per iteration and an FSAL stage reused from the
+    previous step counts once. The number of steps is a traced value: one program per solver
+    serves every count (a program with a host callback is never written to the compilation
+    cache, so it is compiled in every process). A :class:`Method`'s counts are kept (it is
+    immutable): each is measured once per process."""
     if isinstance(method, Method):
         counts = method._evaluation_counts
         key = (num_steps, norm_position)
         if key not in counts:
             counts[key] = evaluations(method.solver_for(norm_position), num_steps)
         return counts[key]
+    if not _positive_int(num_steps):
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
     solver = method
-    splitting = isinstance(solver, AbstractSplitting)
-    calls = [0.0]
-    weight = 0.5 if splitting else 1.0
+    field = _probe_half if isinstance(solver, AbstractSplitting) else _probe_full
+    term = MultiTerm(ODETerm(field), ODETerm(field)) if isinstance(
+        solver, AbstractSplitting) else ODETerm(field)
+    dtype = np.dtype(jnp.result_type(float))
+    y0 = _PROBE_Y0 / np.linalg.norm(_PROBE_Y0, axis=-1, keepdims=True)
+    with _PROBE_LOCK:  # one count at a time: the callbacks add to one module-level counter
+        _PROBE_CALLS[0] = 0.0
+        jax.block_until_ready(_probe(unroll_stages(solver), term, y0.astype(dtype),
+                                     np.asarray(1.0, dtype), np.asarray(num_steps)))
+        jax.effects_barrier()
+        return _PROBE_CALLS[0]
 
-    def bump():
-        calls[0] += weight
 
-    dtype = jnp.result_type(float)
-    skew = jnp.asarray([[0.0, 0.7, -0.4], [-0.7, 0.0, 0.3], [0.4, -0.3, 0.0]], dtype)
+# The probe's field, its start and its counter: module-level, so that the program of a solver
+# is the same object for every number of steps (a new callback function would be a new program).
+_PROBE_SKEW = np.asarray([[0.0, 0.7, -0.4], [-0.7, 0.0, 0.3], [0.4, -0.3, 0.0]])
+_PROBE_Y0 = np.asarray([[1.0, 0.3, -0.2], [0.1, -0.7, 0.5]])
+_PROBE_CALLS = [0.0]
+_PROBE_LOCK = threading.Lock()
 
-    def field(t, y, args):
-        jax.debug.callback(bump)
-        return y @ skew.T
 
-    term = MultiTerm(ODETerm(field), ODETerm(field)) if splitting else ODETerm(field)
-    y0 = sphere.retract(jnp.asarray([[1.0, 0.3, -0.2], [0.1, -0.7, 0.5]], dtype))
-    jax.block_until_ready(fixed_step_scan(solver, term, y0, jnp.asarray(0.0, dtype),
-                                          jnp.asarray(1.0, dtype), num_steps))
-    jax.effects_barrier()
-    return calls[0]
+def _bump_full() -> None:
+    _PROBE_CALLS[0] += 1.0
+
+
+def _bump_half() -> None:
+    _PROBE_CALLS[0] += 0.5
+
+
+def _probe_full(t, y, args):
+    jax.debug.callback(_bump_full)
+    return y @ _PROBE_SKEW.T.astype(y.dtype)
+
+
+def _probe_half(t, y, args):  # a splitting's sub-layer: half an evaluation
+    jax.debug.callback(_bump_half)
+    return y @ _PROBE_SKEW.T.astype(y.dtype)
+
+
+def _probe(solver, terms, y0, t1, num_steps):
+    """``num_steps`` (traced) equal steps of ``solver`` over ``[0, t1]``."""
+    return fixed_step_loop(terms, solver, y0, t1, num_steps)
 
 
 def count_evaluations(solver: AbstractSolver) -> float:

@@ -310,8 +310,7 @@ def solve(
       state per step, as the Transformer itself); otherwise
       :class:`diffrax.RecursiveCheckpointAdjoint` (checkpoints, memory ~ log(steps), each
       step recomputed several times: adaptive solves, dense output).
-      :class:`StoredAdjoint` (with ``num_steps`` only) stores every residual of every stage
-      and evaluates no field in the backward pass; ``ScanAdjoint(remat=policy)`` stores what a
+      ``ScanAdjoint(remat=policy)`` (with ``num_steps`` only) stores what a
       :mod:`jax.checkpoint_policies` policy names. :class:`diffrax.BacksolveAdjoint` is
       refused (it ignores the retraction).
     * ``saveat`` defaults to ``SaveAt(t1=True)``.
