@@ -66,7 +66,8 @@ from ..solvers import LieTrotter, Strang, Swapped, WithinStep, catalogue
 from ..transformer import TransformerConfig, TransformerLM, layer_params
 from ..transformer.lens import final_logits
 
-__all__ = ["OUTPUT_MAPS", "AlphaOptions", "QUICK_ALPHA", "Scheme", "sweep_scheme_names",
+__all__ = ["OUTPUT_MAPS", "LEVEL", "STRUCTURES", "SWAPPED_STRUCTURES", "HELDOUT_NOVELS",
+           "HELDOUT_FROM", "AlphaOptions", "QUICK_ALPHA", "Scheme", "sweep_scheme_names",
            "sweep_schemes", "scale_updates", "scale_field", "scheme_states", "final_scores",
            "window_losses", "window_interval", "unknown_methods", "layer_derivative",
            "inverse_sqrt_profile", "linear_profile", "heldout_windows", "fit_profile",
