@@ -10,7 +10,7 @@ from . import runtime
 from .common import add_run_options, check_model, option_error, subcommand
 from .types import fraction, int_at_least, positive_float, seed
 
-__all__ = ["add_parser", "run", "check_sizes", "MAX_PERMUTATIONS"]
+__all__ = ["add_parser", "run", "check_sizes", "MAX_PERMUTATIONS", "MAX_SCALING"]
 
 
 OPTIONS = ("model", "text", "corpus", "context", "scored", "windows", "levels", "permutations",

@@ -34,6 +34,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_FAILED",
     "EXIT_USAGE",
+    "OUTPUTS",
     "EXIT_INTERNAL",
     "EXIT_CODES",
     "EPILOG",
