@@ -3,7 +3,7 @@ layer-design study; its parts are the modules of ``experiments/layer_designs/``.
 
 Run::
 
-    python experiments/layer_designs.py [--part baseline|depth|designs|ngpt|recipe]
+    python experiments/layer_designs.py [--part baseline|depth|designs|ngpt|recipe|convergence]
         [--out results/layer_designs] [--quick] [--seeds 3] [--arms ARM ...]
 
 * ``--part designs`` (:mod:`layer_designs.designs`): every design at equal compute, width 64;
@@ -13,7 +13,9 @@ Run::
 * ``--part baseline`` (:mod:`layer_designs.baseline`): tunes and trains ``svflow train``'s
   recipe;
 * ``--part recipe`` (:mod:`layer_designs.recipe`, only when named): designs at the recipe's
-  size, each paired by seed with the recipe; ``--arms`` and ``--seeds`` split it into pieces.
+  size, each paired by seed with the recipe; ``--arms`` and ``--seeds`` split it into pieces;
+* ``--part convergence`` (:mod:`layer_designs.convergence`, only when named): the Richardson
+  sequence of trained stacks to 32 times their blocks against an untrained control.
 
 Without ``--part`` the first four run. ``--quick`` runs each part at CI size. Results and how
 long each part takes: ``docs/results/layer-designs.md`` and ``docs/results/baseline.md``.
@@ -30,6 +32,11 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE.parent), str(_HERE)]
 from layer_designs.baseline import run_baseline  # noqa: E402
 from layer_designs.common import DEFAULT, QUICK  # noqa: E402
+from layer_designs.convergence import (  # noqa: E402
+    CONVERGENCE,
+    CONVERGENCE_QUICK,
+    run_convergence,
+)
 from layer_designs.depth import DEPTH, DEPTH_QUICK, run_depth  # noqa: E402
 from layer_designs.designs import NGPT, NGPT_QUICK, run_designs  # noqa: E402
 from layer_designs.recipe import RECIPE, RECIPE_QUICK, run_recipe  # noqa: E402
@@ -40,9 +47,10 @@ from svflow_jax.cli.types import positive_int  # noqa: E402 (no JAX: flags are s
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=["baseline", "depth", "designs", "ngpt", "recipe"],
-                   help="run one part only (default: the first four; recipe only when "
-                   "named)")
+    p.add_argument("--part", choices=["baseline", "depth", "designs", "ngpt", "recipe",
+                                      "convergence"],
+                   help="run one part only (default: the first four; recipe and convergence "
+                   "only when named)")
     p.add_argument("--out", default="results/layer_designs", help="output folder")
     p.add_argument("--quick", action="store_true", help="tiny CI run (< 2 minutes)")
     p.add_argument("--seeds", type=positive_int, help="seeds per design (default 3; quick 2)")
@@ -110,6 +118,12 @@ def main(argv=None) -> int:
             ngpt["designs"] = args.designs
         run_designs(Path(args.out) / "ngpt", ngpt, report_only=args.report_only,
                     progress=progress)
+    if args.part == "convergence":
+        run_convergence(Path(args.out) / "convergence", s,
+                        dict(CONVERGENCE_QUICK if args.quick else CONVERGENCE,
+                             **({"seeds": args.seeds} if args.seeds else {}),
+                             **({"steps": args.steps} if args.steps else {})),
+                        progress=progress)
     if args.part == "recipe":
         run_recipe(Path(args.out) / "recipe", recipe_part, quick=args.quick,
                    report_only=args.report_only, progress=progress)

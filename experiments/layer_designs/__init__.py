@@ -5,7 +5,9 @@
 * :mod:`.designs`: ``--part designs`` and ``--part ngpt``, every design at equal compute;
 * :mod:`.depth`: ``--part depth``, a trained stack as a discretisation of its flow;
 * :mod:`.baseline`: ``--part baseline``, the recipe of ``svflow train``;
-* :mod:`.recipe`: ``--part recipe``, designs at the recipe's size, paired with it by seed.
+* :mod:`.recipe`: ``--part recipe``, designs at the recipe's size, paired with it by seed;
+* :mod:`.convergence`: ``--part convergence``, convergence in depth against an untrained
+  control.
 
 Results: ``docs/results/layer-designs.md`` and ``docs/results/baseline.md``.
 """

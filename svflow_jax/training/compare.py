@@ -10,7 +10,8 @@ nothing else; there is no second implementation.
 * :func:`depth_transfer`: a trained model evaluated at other numbers of blocks.
 * :func:`richardson`: the differences between the final states at ``N, 2N, 4N, ...`` blocks and
   their ratios, which tend to ``2^p`` for a stack that discretises one flow with a method of
-  order ``p``.
+  order ``p``, and the angle of each from their Richardson limit (:func:`limit_angles`);
+  :func:`order_regime` reads from which block count on the ratios are ``2^p``.
 * :func:`adaptive_depth`: per-sequence adaptive depth at several tolerances.
 * :func:`token_collapse`: the mean cosine between the final token states of a sequence (1: every
   token at one point, the head can only output one distribution).
@@ -57,6 +58,10 @@ __all__ = [
     "run_design",
     "depth_transfer",
     "richardson",
+    "extrapolate",
+    "limit_angles",
+    "ORDER_BAND",
+    "order_regime",
     "adaptive_depth",
     "token_collapse",
     "COLLAPSED",
@@ -203,7 +208,45 @@ def richardson(model: SolverLM, task, multiples=(1, 2, 4, 8, 16), eval_sequences
     diffs = [float(np.sqrt(np.mean(np.sum((a - b) ** 2, axis=-1))))
              for a, b in zip(states[:-1], states[1:], strict=True)]
     ratios = [a / b if b > 0 else math.inf for a, b in zip(diffs[:-1], diffs[1:], strict=True)]
-    return {"multiples": [float(m) for m in multiples], "differences": diffs, "ratios": ratios}
+    order = model.config.layer_design.order
+    return {"multiples": [float(m) for m in multiples], "differences": diffs, "ratios": ratios,
+            "angles_to_limit": limit_angles(states, order) if len(states) > 1 else []}
+
+
+def extrapolate(coarse, fine, order: int):
+    """Richardson's limit from two solutions whose step halves, ``fine + (fine - coarse) /
+    (2^p - 1)``: exact for an error ``C h^p`` (arrays or floats alike)."""
+    return fine + (fine - coarse) / (2.0 ** order - 1.0)
+
+
+def limit_angles(states, order: int) -> list[float]:
+    """The RMS over tokens of the angle, in degrees, between each of ``states`` (final states
+    at block counts that double, ``(..., d)`` each) and the Richardson limit of the last two
+    (:func:`extrapolate`), directions compared (the head reads a direction)."""
+    limit = extrapolate(states[-2], states[-1], order)
+    u = limit / np.linalg.norm(limit, axis=-1, keepdims=True)
+    out = []
+    for y in states:
+        cos = np.sum(y * u, axis=-1) / np.linalg.norm(y, axis=-1)
+        out.append(float(np.degrees(np.sqrt(np.mean(np.arccos(np.clip(cos, -1.0, 1.0)) ** 2)))))
+    return out
+
+
+#: a Richardson ratio within this relative distance of ``2^p`` counts as the order-``p`` regime
+ORDER_BAND = 0.10
+
+
+def order_regime(ratios, blocks, order: int, band: float = ORDER_BAND) -> int | None:
+    """The smallest block count ``blocks[k]`` from which every Richardson ratio
+    ``ratios[j] = e_j / e_(j+1)`` (``j >= k``; ``e_j`` the difference between ``blocks[j]`` and
+    ``blocks[j + 1]``) lies within ``band`` of ``2^order`` (``|r / 2^p - 1| <= band``); ``None``
+    when the finest does not."""
+    start = None
+    for k in range(len(ratios) - 1, -1, -1):
+        if abs(ratios[k] / 2.0 ** order - 1.0) > band:
+            break
+        start = blocks[k]
+    return start
 
 
 def adaptive_depth(model: SolverLM, task, rtols, eval_sequences: int,

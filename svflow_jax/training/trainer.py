@@ -48,7 +48,8 @@ from .loop import AdamW, StepInfo, fit, optimizer
 from .tasks import get_task
 
 __all__ = ["TrainConfig", "TrainResult", "train", "make_optimizer", "evaluate", "loss_and_count",
-           "lm_loss", "depths_loss", "random_depth_loss", "draw_depth", "design_source"]
+           "lm_loss", "depths_loss", "random_depth_loss", "draw_depth", "design_source",
+           "initial_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +289,16 @@ def _settle_config(out: Path, config: TrainConfig, latest: int | None) -> TrainC
     return config
 
 
+def initial_model(config: TrainConfig, task) -> SolverLM:
+    """The model :func:`train` starts from: ``config.model`` drawn with ``config.seed``, its
+    head bias (where it has one) at ``task``'s log prior, so the head starts as the unigram
+    model."""
+    model = SolverLM(config.model, rngs=nnx.Rngs(config.seed))
+    if model.unembed_bias is not None:
+        model.unembed_bias[...] = jnp.asarray(task.log_prior())
+    return model
+
+
 def train(
     config: TrainConfig, out: str | Path | None = None, *, progress: bool = True,
     stop_after: int | None = None, devices=None, on_mismatch: str = "refuse",
@@ -336,9 +347,7 @@ def train(
             row["seconds"] = info.seconds()
         return row
 
-    model = SolverLM(config.model, rngs=nnx.Rngs(config.seed))
-    if model.unembed_bias is not None:  # the head starts as the unigram model
-        model.unembed_bias[...] = jnp.asarray(task.log_prior())
+    model = initial_model(config, task)
     depths = (None, *config.extra_depths, *config.random_depths)
 
     def batch(step: int) -> tuple[Any, ...]:
