@@ -533,10 +533,7 @@ def markdown_table(table: dict) -> str:
 
 def verdict_lines(v: dict) -> str:
     m = next((d["comparisons"] for e in v.values() for d in e["decisions"]), 0)
-    lines = [f"Each verdict rests on one-sided Student-t bounds over seeds at level 1 - "
-             f"{ALPHA}/{m} ({m} decisions, Bonferroni); a decision with fewer than 2 seeds is "
-             "undecided.", "",
-             "| paper's statement (our reading) | criterion | decisions: mean, bound vs "
+    lines = ["| paper's statement (our reading) | criterion | decisions: mean, bound vs "
              "threshold (seeds) | verdict |", "|---|---|---|---|"]
     for key, text in STATEMENTS.items():
         e = v[key]
@@ -549,6 +546,12 @@ def verdict_lines(v: dict) -> str:
                 f"{c:g}" for c in e["passing_coefs"]) or "none") + ")"
         lines.append(f"| {text} | {e['criterion']} | {'; '.join(parts) or 'no arm'} | "
                      f"**{word}** |")
+    lines += ["", f"*Legend.* Columns: the paper's statement as we read it; the criterion "
+              f"that decides it; each decision's mean over seeds, its one-sided Student-t bound "
+              f"(lower when the mean must lie above the threshold, upper when below), the "
+              f"threshold, and the number of seeds; the verdict. Which test decides: every "
+              f"decision's bound at level 1 - {ALPHA}/{m} ({m} decisions, Bonferroni) on the "
+              f"right side of its threshold; a decision with fewer than 2 seeds is undecided."]
     return "\n".join(lines)
 
 

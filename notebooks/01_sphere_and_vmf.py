@@ -30,7 +30,7 @@
 #    the score of the mixture is the posterior expectation of the component scores;
 # 5. the normaliser in high dimension ($d$ up to 4096), where naive formulas overflow.
 #
-# Everything runs in float64 on a laptop CPU, in well under a minute.
+# Everything runs in float64 on a CPU.
 
 # %%
 # ruff: noqa: E402

@@ -37,8 +37,7 @@
 #    prediction.
 #
 # Everything is computed by the package's own functions (`svflow inspect` runs the same ones at
-# a larger scale); here on two windows of 32 tokens so that it runs in a few minutes on a
-# CPU.
+# a larger scale); here on two windows of 32 tokens, small enough for a CPU.
 
 # %%
 # ruff: noqa: E402

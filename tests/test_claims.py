@@ -234,3 +234,29 @@ def test_float32_tolerances_follow_the_precision_in_force(ctx, monkeypatch):
     assert measure.exactness_tolerance(jnp.float32, 8, 2.0) == tolerance * 2.0**13
     assert measure.fit_floor(jnp.float32) == floor * 2.0**13
     assert measure.exactness_tolerance(jnp.float64, 8, 2.0) == measure.EXACT_FLOAT64
+
+
+def test_report_has_a_legend_under_each_table(tmp_path, monkeypatch):
+    """report.md: directly under each section's table, a legend of its columns and of the rule
+    that decides, quoting the tolerances the rule uses; change one, the legend follows."""
+    from svflow_jax.claims import report as claims_report
+
+    def one(name, section):
+        return {"name": name, "section": section, "statement": "s", "figures": {},
+                "tolerance": "t", "passed": True, "seconds": 0.0}
+
+    summary = {"passed": True, "claims": [one("exactness/a", "exactness"),
+                                          one("order/b", "orders")],
+               "config": {"seed": 0, "dtype": "float64", "tokens": 4, "dim": 8, "layers": 4,
+                          "t1": 1.0, "reference_tolerance": 1e-13, "fit_floor": 1e-12,
+                          "fit_ceiling": 0.1, "min_steps_in_fit": 8},
+               "compile": {"total_s": 1.0, "xla_compilations": 1, "cache_hits": 0,
+                           "compile_total_s": 0.5, "busy_s": 1.0}}
+    claims_report.write_markdown(tmp_path, summary, [])
+    text = (tmp_path / "report.md").read_text()
+    for row in ("| `exactness/a` |", "| `order/b` |"):
+        assert text.split(row, 1)[1].split("\n", 2)[2].startswith("*Legend.* Columns:")
+    assert f"at most {measure.EXACT_FLOAT64:g} in float64" in text
+    assert f"within {measure.ORDER_TOLERANCE:g} of the solver's order" in text
+    monkeypatch.setattr(measure, "ORDER_TOLERANCE", 0.25)
+    assert "within 0.25 of the solver's order" in claims_report.legend("orders")

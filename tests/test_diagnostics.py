@@ -669,6 +669,38 @@ def test_a_metric_of_the_level_alone_is_not_reproduced():
     assert rho["log_evidence"]["level_controlled"]["partial"] > 0.5
 
 
+def test_legends_under_the_verdict_tables(tmp_path, monkeypatch):
+    """report.md has a legend directly under the headline table and under the table of the
+    controlled statistics: which test decides, with the bound the rule uses (ALPHA over the
+    metrics tested), and that the across-level intervals beside a verdict are descriptions.
+    The bound is read from the rule's constant: changing it changes the legend."""
+    from svflow_jax.diagnose import output
+    from svflow_jax.diagnose.study import analyse_shuffle
+
+    data, cfg = _synthetic_study({
+        "kl_clean": lambda nll, rng: np.arange(6)[None] + 0.01 * rng.normal(size=nll.shape),
+        "entropy": lambda nll, rng: nll + 0.1 * rng.normal(size=nll.shape)})
+    sh = analyse_shuffle(data, cfg)
+    summary = {"shuffle": sh, "scaling": None, "text": {"path": "t.txt", "tokens": 1},
+               "model": {"name": "m", "layers": 3, "d_model": 8, "heads": 2, "kv_heads": 2,
+                         "language_model": True},
+               "config": {"context": 8, "scored": 4, "levels": list(cfg.levels),
+                          "permutations": 1, "seed": 0, "bootstrap": 100},
+               "timings": {"total_s": 1, "load_s": 0, "shuffle_s": 1, "scaling_s": None}}
+    output.write_markdown(tmp_path, summary, [])
+    report = (tmp_path / "report.md").read_text()
+    bound = f"one-sided p below {output.ALPHA / 2:.4g} ({output.ALPHA:g} over the 2 SVFlow"
+    table, after = report.split("| paper | ours | verdict |", 1)[1].split("\n\n", 1)
+    assert after.startswith("Columns: *paper*")
+    rule = after.split("\n\n")[1]
+    assert bound in rule and "descriptions, not what decides" in rule
+    assert f"interval is above {output.DEPTH_BOUND:g}" in after
+    controlled = report.split("| metric | kind |", 1)[1].split("\n\n", 1)[1]
+    assert controlled.startswith("Columns: *sign*") and bound in controlled
+    monkeypatch.setattr(output, "ALPHA", 0.01)
+    assert "p below 0.005 (0.01 over the 2" in output.headline_legend(summary)[1]
+
+
 # --------------------------------------------------------------------------------------------
 # The null of the level-controlled tests, the p-value and the Bonferroni-level intervals
 # --------------------------------------------------------------------------------------------

@@ -292,3 +292,55 @@ def test_howto_code_runs(page: Path, tmp_path: Path):
         proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"{page.name}, shell:\n{(proc.stdout + proc.stderr)[-4000:]}"
+
+
+def _hooks(monkeypatch):
+    """``docs/_build_tools/hooks.py``, imported as mkdocs imports it."""
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "_build_tools"))
+    import hooks
+
+    return hooks
+
+
+def test_notebook_page_without_execution(monkeypatch, capsys):
+    """``SVFLOW_DOCS_EXECUTE=0``: a notebook's page is its source, without outputs and with a
+    note saying so, no kernel is started, and the progress line on stderr says why."""
+    hooks = _hooks(monkeypatch)
+    monkeypatch.setenv(hooks.EXECUTE_ENV, "0")
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a notebook was executed")
+
+    monkeypatch.setattr(hooks.notebook_cache, "executed", no_kernel)
+    monkeypatch.setattr(hooks.notebook_cache, "execute", no_kernel)
+    body, outputs = hooks._notebook_page(NOTEBOOKS[0], f"1/{len(NOTEBOOKS)}")
+    assert outputs == {}
+    assert "The outputs were not executed in this build" in body
+    assert "![png]" not in body and "kernel-executable:" not in body
+    assert "```python" in body  # the cells are there
+    err = capsys.readouterr().err
+    assert f"not executing notebooks/{NOTEBOOKS[0].name} (1/{len(NOTEBOOKS)})" in err
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_notebook_progress_lines(monkeypatch, capsys, reused: bool):
+    """An executed notebook prints a line before and one after, to stderr: how long it took,
+    or that the cache had it (the execution itself replaced by the source, for speed)."""
+    import jupytext
+
+    hooks = _hooks(monkeypatch)
+    monkeypatch.delenv(hooks.EXECUTE_ENV, raising=False)
+    monkeypatch.setattr(hooks.notebook_cache, "executed", lambda path, reuse: (
+        jupytext.read(path), {"seconds": 42.4, "reused": reused}))
+    hooks._notebook_page(NOTEBOOKS[-1], f"{len(NOTEBOOKS)}/{len(NOTEBOOKS)}")
+    before, after = capsys.readouterr().err.strip().split("\n")
+    name = f"notebooks/{NOTEBOOKS[-1].name}"
+    assert before == f"executing {name} ({len(NOTEBOOKS)}/{len(NOTEBOOKS)})…"
+    assert after == (f"… {name} reused from cache" if reused else f"… {name} done in 42 s")
+
+
+def test_every_notebook_on_the_home_page():
+    """The home page's reading list links every notebook (a new one cannot be left out)."""
+    home = (ROOT / "docs" / "index.md").read_text()
+    missing = [p.name for p in NOTEBOOKS if f"(notebooks/{p.stem}.md)" not in home]
+    assert not missing, f"docs/index.md does not link {missing}"

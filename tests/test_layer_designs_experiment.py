@@ -388,6 +388,9 @@ def test_quick_recipe_part(tmp_path):
         10 * min(1.0, rate["euler post"] / rate["recipe"]))
     report = (part / "report.md").read_text()
     assert "| euler post, equal steps |" in report and "m = 2 comparisons" in report
+    # the legend directly under the verdict table
+    assert report.split("| euler post, equal time |", 1)[1].split("\n", 2)[2].startswith(
+        "*Legend.* Columns:") and f"1 - {_part('common').ALPHA:g}/m" in report
     assert (part / "curves.png").stat().st_size > 1000
     again = run_script("layer_designs.py", "--quick", "--part", "recipe", "--out", str(out),
                        "--no-progress", "--report-only")

@@ -266,3 +266,16 @@ def test_top1_routers_count_with_the_switch_gate_only():
     assert [d["what"][:5] for d in switch["moe_collapses"]["decisions"]] == ["top-1", "top-2"]
     assert "top-k >= 2" in plain["coupling"]["decisions"][1]["what"]
     assert "every top-k" in switch["coupling"]["decisions"][1]["what"]
+
+
+def test_legend_under_the_verdict_table(monkeypatch):
+    """The legend follows the table's last row and quotes the rule's level (ALPHA over the
+    decisions, Bonferroni); change ALPHA and the legend follows."""
+    script = _script()
+    v = script.verdicts(_runs(5, 0.01), [1, 2])
+    m = next(d["comparisons"] for e in v.values() for d in e["decisions"])
+    table, legend = script.verdict_lines(v).split("\n\n")
+    assert table.startswith("| paper's statement") and legend.startswith("*Legend.* Columns:")
+    assert f"level 1 - {script.ALPHA}/{m} ({m} decisions, Bonferroni)" in legend
+    monkeypatch.setattr(script, "ALPHA", 0.01)
+    assert f"level 1 - 0.01/{m}" in script.verdict_lines(v)

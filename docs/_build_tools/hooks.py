@@ -6,7 +6,11 @@
   new notebook or module appears without editing the configuration.
 * **Notebooks** are executed (or taken from the shared execution cache, see
   ``notebook_cache.py``) and converted to Markdown with nbconvert; their figures become PNG files
-  of the site. A notebook that fails to execute fails the build.
+  of the site. A notebook that fails to execute fails the build. Each prints a line to stderr
+  before (``executing notebooks/NAME.py (k/7)...``) and one after (``... done in 42 s`` or
+  ``... reused from cache``). With ``SVFLOW_DOCS_EXECUTE=0`` in the environment (mkdocs hooks
+  take no command-line options) nothing is executed: a notebook's page shows its cells without
+  outputs, under a note saying so.
 * **API pages** are one ``::: module`` directive each, rendered by mkdocstrings from the
   docstrings.
 * **The home page figure** (``figures/claim.png``) is measured by ``claim_figure.py``.
@@ -23,6 +27,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -38,6 +43,7 @@ import notebook_cache  # noqa: E402
 ROOT = notebook_cache.ROOT
 PACKAGE = "svflow_jax"
 log = logging.getLogger("mkdocs.plugins.svflow_docs")
+EXECUTE_ENV = "SVFLOW_DOCS_EXECUTE"
 
 HOWTO = [
     {"Verify the claim": "howto/verify.md"},
@@ -123,21 +129,56 @@ def on_config(config):
     return config
 
 
-def _notebook_page(path: Path) -> tuple[str, dict[str, bytes]]:
+def execute_notebooks() -> bool:
+    """Whether this build executes the notebooks: yes unless ``$SVFLOW_DOCS_EXECUTE`` is ``0``."""
+    return os.environ.get(EXECUTE_ENV, "1").strip() != "0"
+
+
+def progress(message: str) -> None:
+    """Prints one line of the build's progress to stderr, flushed (mkdocs' log shows nothing
+    while a notebook runs for minutes)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def _notebook(path: Path, position: str):
+    """The notebook to show and the note to put under its title: executed (or reused from the
+    cache), or, with ``$SVFLOW_DOCS_EXECUTE=0``, its source without outputs. ``position`` is
+    ``k/total``, for the progress lines."""
+    name = f"notebooks/{path.name}"
+    source = f"Source: `{name}` (jupytext percent format)."
+    if not execute_notebooks():
+        import jupytext
+
+        progress(f"not executing {name} ({position}): {EXECUTE_ENV}=0")
+        note = (f"{source} **The outputs were not executed in this build** "
+                f"({EXECUTE_ENV}=0): the cells are shown without their outputs and figures.")
+        nb = jupytext.read(path)
+        nb.metadata["language_info"] = {"name": "python"}  # code fences marked as Python
+        return nb, note
+    progress(f"executing {name} ({position})…")
+    nb, info = notebook_cache.executed(path, reuse="key")
+    progress(f"… {name} reused from cache" if info["reused"]
+             else f"… {name} done in {info['seconds']:.0f} s")
+    how = "reused from this build's cache" if info["reused"] else "executed by this build"
+    note = (f"{source} Outputs and figures below come from running it at build time "
+            f"({info['seconds']:.0f} s, {how}).")
+    return nb, note
+
+
+def _notebook_page(path: Path, position: str = "1/1") -> tuple[str, dict[str, bytes]]:
+    """The Markdown page of a notebook and its figures (file name -> PNG bytes)."""
     from nbconvert import MarkdownExporter
     from traitlets.config import Config
 
-    nb, info = notebook_cache.executed(path, reuse="key")
+    nb, note = _notebook(path, position)
     c = Config()
     c.TagRemovePreprocessor.enabled = True
     c.TagRemovePreprocessor.remove_cell_tags = {notebook_cache.PROBE_CELL_TAG}
     exporter = MarkdownExporter(config=c)
     body, resources = exporter.from_notebook_node(
         nb, resources={"unique_key": path.stem, "output_files_dir": f"{path.stem}_files"})
-    how = "reused from this build's cache" if info["reused"] else "executed by this build"
-    note = (f"\n\n!!! note \"Executed notebook\"\n    Source: `notebooks/{path.name}` "
-            f"(jupytext percent format). Outputs and figures below come from running it at "
-            f"build time ({info['seconds']:.0f} s, {how}).\n\n")
+    title = "Executed notebook" if execute_notebooks() else "Notebook not executed"
+    note = f"\n\n!!! note \"{title}\"\n    {note}\n\n"
     lines = body.lstrip().split("\n", 1)
     if lines[0].startswith("# "):  # the note goes under the title
         body = lines[0] + note + (lines[1] if len(lines) > 1 else "")
@@ -195,14 +236,16 @@ def on_files(files: Files, config) -> Files:
     for name in public_modules():
         content = f"::: {name}\n"
         files.append(File.generated(config, f"api/{name}.md", content=content))
-    for path in notebook_cache.notebooks():
-        body, outputs = _notebook_page(path)
+    paths = notebook_cache.notebooks()
+    for k, path in enumerate(paths, 1):
+        body, outputs = _notebook_page(path, f"{k}/{len(paths)}")
         files.append(File.generated(config, f"notebooks/{path.stem}.md", content=body))
         for name, data in outputs.items():
             files.append(File.generated(config, f"notebooks/{name}", content=data))
     log.info("svflow docs: notebooks ready in %.1f s", time.perf_counter() - start)
     start = time.perf_counter()
+    progress("measuring the home page's figure (three claims of svflow verify --quick)…")
     figure = claim_figure.png(claim_figure.measure())
     files.append(File.generated(config, "figures/claim.png", content=figure))
-    log.info("svflow docs: home figure measured in %.1f s", time.perf_counter() - start)
+    progress(f"… home page's figure done in {time.perf_counter() - start:.0f} s")
     return files

@@ -313,14 +313,7 @@ def _recipe_report(out: Path, results: dict) -> None:
     m_count = next(iter(verdicts.values()))["comparisons"] if verdicts else 0
     timed = provenance(speed["environment"]) or "not recorded."
     lines += [
-        "", f"Each arm minus the recipe, paired by seed, at equal steps and at equal time "
-        f"(the training steps of the two models timed side by side, {speed['rounds']} "
-        f"alternating rounds, median: the slower arm read at the step it reaches in the time "
-        f"the faster takes for all of them). Two-sided Student-t intervals at level "
-        f"1 - {ALPHA:g}/m, Bonferroni over the m = {m_count} comparisons, the sign fixed "
-        f"before the runs: **better** if the interval lies below 0 (fewer bits), **worse** "
-        f"above, else **unresolved**.", "",
-        f"The side-by-side timings: {timed[:1].lower()}{timed[1:]}", "",
+        "", "Each arm minus the recipe, paired by seed, at equal steps and at equal time:", "",
         "| comparison | differences per seed | mean | half-width | verdict |",
         "|---|---|---|---|---|"]
     for name, v in verdicts.items():
@@ -328,6 +321,16 @@ def _recipe_report(out: Path, results: dict) -> None:
         half_text = "-" if half != half else f"{half:.3f}"
         lines.append(f"| {name} | " + " ".join(f"{d:+.3f}" for d in v["differences"])
                      + f" | {mean:+.3f} | {half_text} | {v['verdict']} |")
+    lines += [
+        "", f"*Legend.* Columns: the arm's validation bits per character minus the recipe's, "
+        f"per seed, their mean, and the half-width of their interval. Equal time: the "
+        f"training steps of the two models timed side by side, {speed['rounds']} "
+        f"alternating rounds, median: the slower arm read at the step it reaches in the time "
+        f"the faster takes for all of them. Which test decides: two-sided Student-t intervals "
+        f"at level 1 - {ALPHA:g}/m, Bonferroni over the m = {m_count} comparisons, the sign "
+        f"fixed before the runs: **better** if the interval lies below 0 (fewer bits), "
+        f"**worse** above, else **unresolved**.", "",
+        f"The side-by-side timings: {timed[:1].lower()}{timed[1:]}"]
     lines += _refinement_lines(results)
     lines += ["", "![validation curves](curves.png)"]
     write_text(out / "report.md", "\n".join(lines) + "\n")

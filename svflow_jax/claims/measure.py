@@ -19,7 +19,7 @@ float64; in float32 to ``C_FLOAT32 L eps s`` (``L`` layers, ``s`` the largest to
 CPU, and TF32's ``2^-11`` under a GPU's default precision, where XLA rounds a float32 matrix
 multiply's inputs to TF32: the tolerances follow what the hardware was asked to do, and
 ``summary.json`` records it (:func:`precision_in_force`). Orders pass within
-:data:`ORDER_TOLERANCE` of theory (order >= 5: from ``order - 0.2`` to ``order +``
+:data:`ORDER_TOLERANCE` of theory (order >= 5: from ``order - HIGH_ORDER_SHORTFALL`` to ``order +``
 ``HIGH_ORDER_EXCESS``; :func:`order_passes`), fitted over the asymptotic window
 (:func:`fit_window`).
 """
@@ -45,6 +45,7 @@ __all__ = [
     "EXACT_FLOAT64",
     "C_FLOAT32",
     "ORDER_TOLERANCE",
+    "HIGH_ORDER_SHORTFALL",
     "REFERENCE_TOLERANCE",
     "FIT_FLOOR",
     "FIT_FLOOR_FLOAT32",
@@ -76,6 +77,7 @@ ORDER_TOLERANCE = 0.15
 # error coefficient is small: Tsit5 fits 5.59-5.70, Dopri8 7.88-7.98 on the claims' problems),
 # but not by more than one order: a method registered one order too low fails.
 HIGH_ORDER_EXCESS = 1.0
+HIGH_ORDER_SHORTFALL = 0.2  # ... and not by more than this below it
 REFERENCE_TOLERANCE = 1e-13
 MAX_REFERENCE_STEPS = 100_000
 FIT_FLOOR = 1e-12  # ten times the reference's own error (~1e-13)
@@ -263,7 +265,8 @@ def fit_window(
 
 def order_passes(fitted: float, expected: float, low: float | None = None) -> bool:
     """Within :data:`ORDER_TOLERANCE` of theory. Order-5+ methods may exceed their order on a
-    given problem (their last points approach round-off): at least ``expected - 0.2``, and not
+    given problem (their last points approach round-off): at least ``expected -
+    HIGH_ORDER_SHORTFALL``, and not
     more than ``HIGH_ORDER_EXCESS`` above it, which fails only when the fit's whole 95% interval
     lies above (``low``, its lower end; without it the fitted value itself). The default run's
     Dopri8 fits 9.06 [7.89, 10.2]: faster than 8 + 1, but not by more than its interval."""
@@ -271,7 +274,7 @@ def order_passes(fitted: float, expected: float, low: float | None = None) -> bo
         return False
     if expected >= 5:
         lowest = fitted if low is None or not math.isfinite(low) else min(low, fitted)
-        return expected - 0.2 <= fitted and lowest <= expected + HIGH_ORDER_EXCESS
+        return expected - HIGH_ORDER_SHORTFALL <= fitted and lowest <= expected + HIGH_ORDER_EXCESS
     return abs(fitted - expected) <= ORDER_TOLERANCE
 
 

@@ -24,7 +24,9 @@ from ..solvers.catalogue import Method
 from .core import Claim, Context, Evidence, claim, claim_family
 from .measure import (
     HIGH_ORDER_EXCESS,
+    HIGH_ORDER_SHORTFALL,
     MIN_STEPS_IN_FIT,
+    ORDER_TOLERANCE,
     _fixed_steps,
     _geodesic_error,
     fit_floor,
@@ -107,9 +109,9 @@ def solver_sweep(
     figures = {"solver": spec.name, "description": spec.description,
                "expected_order": spec.order, **fit, "resolved": resolved,
                "max_norm_drift": max(p["norm_drift"] for p in points)}
-    tolerance = (f"{spec.order - 0.2:g} <= fitted order, lower end of its interval "
-                 f"<= {spec.order + HIGH_ORDER_EXCESS:g}"
-                 if spec.order >= 5 else f"|fitted order - {spec.order}| <= 0.15")
+    tolerance = (f"{spec.order - HIGH_ORDER_SHORTFALL:g} <= fitted order, lower end of its "
+                 f"interval <= {spec.order + HIGH_ORDER_EXCESS:g}"
+                 if spec.order >= 5 else f"|fitted order - {spec.order}| <= {ORDER_TOLERANCE:g}")
     return Evidence(passed, figures, tolerance, points,
                     headline="fitted_order")
 
@@ -161,7 +163,7 @@ def _splitting(ctx: Context, method: Method) -> Evidence:
     _, passed = _order_verdict(ctx, fit, expected)
     return Evidence(passed, {"expected_order": expected, **{k: v for k, v in fit.items()
                                                             if k != "in_fit"}},
-                    f"|fitted order - {expected}| <= 0.15", rows,
+                    f"|fitted order - {expected}| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 
@@ -238,7 +240,7 @@ def aligned_rk4(ctx: Context) -> Evidence:
     figures = {"expected_order": 4, "fitted_order": fit["fitted_order"],
                "order_ci": fit["order_ci"], "fit_points": fit["fit_points"],
                "order_without_stage_rule": naive_fit["fitted_order"]}
-    return Evidence(passed, figures, "|fitted order - 4| <= 0.15", rows,
+    return Evidence(passed, figures, f"|fitted order - 4| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 

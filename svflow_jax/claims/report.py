@@ -16,9 +16,10 @@ from typing import Any
 
 from ..reporting import fmt as _fmt
 from ..reporting import provenance, save_figure, verdict, write_csv, write_json, write_text
+from . import measure
 
-__all__ = ["headline", "verdict", "conclusion", "write_all", "write_tables", "write_figures",
-           "write_markdown"]
+__all__ = ["headline", "verdict", "conclusion", "legend", "write_all", "write_tables",
+           "write_figures", "write_markdown"]
 
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
 STYLES = ("-", "--", "-.", ":")
@@ -160,6 +161,31 @@ SECTIONS = {
 }
 
 
+def legend(section: str) -> str:
+    """The legend under a section's table of ``report.md``: its columns and the rule that
+    decides its verdicts, quoting the constants of :mod:`svflow_jax.claims.measure` the rule
+    uses."""
+    columns = ("*Legend.* Columns: *claim*; *statement*, what it asserts; *figure*, the one "
+               "measured number that decides it; *criterion*, the rule it must meet; the verdict"
+               " (PASS, FAIL, or UNRESOLVED when float32 round-off leaves too few points to fit"
+               " an order). ")
+    orders = (f"An order passes within {measure.ORDER_TOLERANCE:g} of the solver's order "
+              f"(order >= 5: at least order - {measure.HIGH_ORDER_SHORTFALL:g}, and the lower "
+              f"end of the fit's 95% Student-t interval at most order + "
+              f"{measure.HIGH_ORDER_EXCESS:g}); the interval is otherwise a description. ")
+    rules = {
+        "exactness": ("Exactness passes when the largest geodesic distance between the "
+                      f"Transformer's and the solver's hidden states is at most "
+                      f"{measure.EXACT_FLOAT64:g} in float64, or {measure.C_FLOAT32:g} L eps s "
+                      "in float32 (L layers, eps of the float32 matrix multiply, s the largest "
+                      "token norm). "),
+        "orders": orders,
+        "stacks": orders + "A difference passes against the tolerance its criterion names. ",
+    }
+    return (columns + rules.get(section, "") + "Each claim is a deterministic check against "
+            "its tolerance, decided on its own: no statistical test, no multiplicity correction.")
+
+
 def conclusion(summary: dict[str, Any]) -> str:
     """The run's conclusion in one or two sentences, with the caveat that matters: which
     claims failed, how many orders float32 round-off left unresolved, and a quick run's sizes
@@ -222,6 +248,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
             statement, figure, criterion = (cell.replace("|", "\\|") for cell in cells)
             lines.append(f"| `{c['name']}` | {statement} | {figure} | {criterion} | "
                          f"{verdict(c['passed'])} |")
+        lines += ["", legend(section)]
     lines += [""]
     for name in figures:
         lines += [f"![{name[:-4]}]({name})", ""]

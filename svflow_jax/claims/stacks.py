@@ -22,6 +22,7 @@ from ..solvers import LieTrotter, RetractedEuler
 from .core import Context, Evidence, claim
 from .measure import (
     EXACT_FLOAT64,
+    ORDER_TOLERANCE,
     _fixed_steps,
     _geodesic_error,
     coupled_reference,
@@ -64,7 +65,8 @@ def one_step_gap(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["gap"] for r in rows], 2)
     visible = min(r["gap"] for r in rows) > 1e3 * EXACT_FLOAT64
     return Evidence(passed and visible, {"expected_order": 2, **_clean(fit)},
-                    "|fitted slope - 2| <= 0.15, every gap > 1e-9", rows,
+                    f"|fitted slope - 2| <= {ORDER_TOLERANCE:g}, every gap > "
+                    f"{1e3 * EXACT_FLOAT64:g}", rows,
                     headline="fitted_order")
 
 
@@ -125,7 +127,7 @@ def postnorm_stack(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["error_sphere_flow"] for r in rows],
                          1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit)},
-                    "|fitted order - 1| <= 0.15", rows,
+                    f"|fitted order - 1| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 
@@ -157,7 +159,7 @@ def prenorm_coupled(ctx: Context) -> Evidence:
     rows = out["rows"]
     fit, passed = _order([r["step_size"] for r in rows], [r["error_coupled"] for r in rows], 1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit), "radii": out["radii"]},
-                    "|fitted order - 1| <= 0.15", rows,
+                    f"|fitted order - 1| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 
@@ -193,7 +195,7 @@ def prenorm_projected(ctx: Context) -> Evidence:
     fit, passed = _order([r["step_size"] for r in rows], [r["error_sphere_flow"] for r in rows],
                          1)
     return Evidence(passed, {"expected_order": 1, **_clean(fit)},
-                    "|fitted order - 1| <= 0.15", rows,
+                    f"|fitted order - 1| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 
@@ -213,7 +215,7 @@ def gain_departure(ctx: Context) -> Evidence:
     used = [row for row in rows if row["eps"] <= 1e-2]  # the linear regime
     fit, passed = _order([u["eps"] for u in used], [u["departure"] for u in used], 1)
     return Evidence(passed, {"expected_slope": 1, **_clean(fit)},
-                    "|fitted slope on eps <= 1e-2 - 1| <= 0.15", rows,
+                    f"|fitted slope on eps <= 1e-2 - 1| <= {ORDER_TOLERANCE:g}", rows,
                     headline="fitted_order")
 
 

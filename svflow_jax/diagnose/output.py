@@ -13,8 +13,10 @@ from ..reporting import ci as _ci
 from ..reporting import fmt as _fmt
 from ..reporting import provenance, save_figure, write_csv, write_json, write_text
 from .metrics import BY_NAME
+from .stats import ALPHA
 
-__all__ = ["PAPER", "headline", "tracks_perplexity", "former_verdict", "legend", "conclusion",
+__all__ = ["PAPER", "DEPTH_BOUND", "headline", "headline_legend", "tracks_perplexity",
+           "former_verdict", "legend", "conclusion",
            "write_all"]
 
 def _kind(name: str, entry: dict[str, Any]) -> str:
@@ -52,7 +54,7 @@ def _verdict(name: str, entry: dict[str, Any], comparisons: int, controls: bool)
     return "not reproduced"
 
 
-def former_verdict(entry: dict[str, Any], comparisons: int, alpha: float = 0.05) -> str:
+def former_verdict(entry: dict[str, Any], comparisons: int, alpha: float = ALPHA) -> str:
     """The verdict the former rule gave: within-level and partial p-values from the former
     null (each level's windows permuted separately), no control. For comparison only."""
     lc = entry["level_controlled"]
@@ -68,9 +70,12 @@ PAPER = {
     "scaling": "extreme concentrations make divergences explode and the model over-confident "
                "(Qwen3)",
 }
+# "deeper layers are more sensitive" is reproduced when the lower end of the deep/shallow
+# ratio's 95% interval lies above this
+DEPTH_BOUND = 1.0
 
 
-def tracks_perplexity(entry: dict[str, Any], comparisons: int, alpha: float = 0.05,
+def tracks_perplexity(entry: dict[str, Any], comparisons: int, alpha: float = ALPHA,
                       controls: bool = False) -> bool:
     """The verdict rule of "a metric tracks perplexity": both level-controlled statistics
     (:func:`svflow_jax.diagnose.stats.level_controlled_spearman`, the within-level and the
@@ -141,7 +146,7 @@ def headline(summary: dict[str, Any]) -> list[dict[str, str]]:
                              f"{_ci(e['deep_over_shallow_ci'])} (unnormalised "
                              f"{_fmt(e.get('raw_deep_over_shallow'))} "
                              f"{_ci(e.get('raw_deep_over_shallow_ci', (None, None)))})",
-                     "verdict": "reproduced" if lo > 1 else "not reproduced"})
+                     "verdict": "reproduced" if lo > DEPTH_BOUND else "not reproduced"})
     sc = summary.get("scaling")
     if sc:
         rs = {r["factor"]: r for r in sc["rows"]}
@@ -311,23 +316,64 @@ def conclusion(summary: dict[str, Any]) -> str:
     return words
 
 
-def legend(sh: dict[str, Any]) -> list[str]:
-    """The legend of the verdict table: which test decides, with which null and bound, and
-    what the documents allow."""
+def _rule(sh: dict[str, Any]) -> str:
+    """The rule that decides "a metric tracks perplexity" (:func:`tracks_perplexity`), with its
+    threshold, multiplicity correction and null, in words."""
     m, d = _tested(sh["rho"]), sh.get("design", {})
-    bound = 0.05 / max(m, 1)
+    bound = ALPHA / max(m, 1)
     null = ("one permutation of the windows applied to every level (a window keeps its "
             "profile across the levels)" if d.get("null", "windows") == "windows" else
             "the documents permuted whole and the windows within each, one permutation "
             "applied to every level")
-    lines = ["Which test decides: a metric is **reproduced** when its within-level rho (p1), "
-             "its partial rho given the level (p2)"
-             + (" and its partial rank correlation given the level and the model-free controls"
-                " (p3)" if _controlled(sh) else "")
-             + f" all have the expected sign with one-sided p below {bound:.4g} (0.05 over the "
-             f"{m} SVFlow metrics tested, Bonferroni). The p-values: (1 + #draws at least as "
-             f"extreme) / (1 + {d.get('permutations', 'the')} draws) of the null that fits the "
-             f"design: {null}. p3 uses normal scores of the ranks within each level and "
+    return ("Which test decides: a metric is **reproduced** when its within-level rho (p1), "
+            "its partial rho given the level (p2)"
+            + (" and its partial rank correlation given the level and the model-free controls"
+               " (p3)" if _controlled(sh) else "")
+            + f" all have the expected sign with one-sided p below {bound:.4g} ({ALPHA:g} over "
+            f"the {m} SVFlow metrics tested, Bonferroni). The p-values: (1 + #draws at least as "
+            f"extreme) / (1 + {d.get('permutations', 'the')} draws) of the null that fits the "
+            f"design: {null}.")
+
+
+def headline_legend(summary: dict[str, Any]) -> list[str]:
+    """The legend under the headline table: its columns, the rule behind each kind of
+    verdict (with its threshold and multiplicity correction), and that the intervals shown
+    beside a verdict are descriptions when they are not what decides it."""
+    sh = summary["shuffle"]
+    lines = ["Columns: *paper*, the paper's statement (for a metric, with the sign expected "
+             "before the run); *ours*, what this run measured; *verdict*, by the rules below. "
+             "Bracketed intervals are 95% bootstrap percentile intervals."]
+    if "rho" in sh:
+        lines.append(_rule(sh) + " The rho across levels and across (window, level) cells, "
+                     "and their intervals, are **descriptions, not what decides**: perplexity "
+                     "rises with the shuffle level by construction, so any metric monotone in "
+                     "the level has |rho| near 1 across levels, and an interval far from 0 "
+                     "beside \"not reproduced\" is not support. Details: the table of the "
+                     "controlled statistics below.")
+    lines.append(f"Depth: reproduced when the lower end of the deep/shallow ratio's 95% "
+                 f"interval is above {DEPTH_BOUND:g} (each row on its own, no multiplicity "
+                 "correction). Scaling: reproduced when, from c = 1 to the largest c, "
+                 "KL(q_clean||q_shuf) grows by more than the factor c and the over-confidence's "
+                 "95% intervals at the two ends do not overlap. \"description\": no test.")
+    return lines
+
+
+def _paragraphs(lines: list[str]) -> list[str]:
+    """Paragraphs of Markdown, a blank line between each two."""
+    return [x for paragraph in lines for x in ("", paragraph)][1:]
+
+
+def legend(sh: dict[str, Any]) -> list[str]:
+    """The legend of the table of the controlled statistics: its columns, which test decides,
+    with which null and bound, and what the documents allow."""
+    d = sh.get("design", {})
+    lines = ["Columns: *sign*, the expected sign, fixed before the run; *within-level rho* "
+             "(p1), *partial rho* given the level (p2)"
+             + (", *given the controls* (p3)" if _controlled(sh) else "")
+             + ": the statistics and their one-sided permutation p-values; *verdict*, by the "
+             "rule below; *former null*, the former rule's verdict"
+             + ("; *between documents*, a description" if "documents" in d else "") + ".",
+             _rule(sh) + " p3 uses normal scores of the ranks within each level and "
              "permutes the metric's part orthogonal to the controls.",
              "The controls (the scored tokens' surprisal under unigram and bigram counts of the "
              "other Austen novels: no model) go through p1 and p2 at the same bound: a control "
@@ -351,8 +397,7 @@ def legend(sh: dict[str, Any]) -> list[str]:
 def _verdict_table(sh: dict[str, Any]) -> list[str]:
     m, controls = _tested(sh["rho"]), _controlled(sh)
     docs = "documents" in sh.get("design", {})
-    lines = [*(x for paragraph in legend(sh) for x in (paragraph, ""))][:-1] + ["",
-             "| metric | kind | sign | within-level rho | p1 | partial rho | p2 | given the "
+    lines = ["| metric | kind | sign | within-level rho | p1 | partial rho | p2 | given the "
              "controls | p3 | verdict | former null |" + (" between documents (p) |" if docs
                                                            else ""),
              "| --- " * (11 + docs) + "|"]
@@ -368,7 +413,7 @@ def _verdict_table(sh: dict[str, Any]) -> list[str]:
             f"{former_verdict(e, m) if _kind(n, e) == 'svflow' else ''} |"
             + (f" {_fmt(b['rho'], 2)} ({_fmt(b['p'], 2)}) |" if docs and b else
                (" |" if docs else "")))
-    return lines
+    return lines + [""] + _paragraphs(legend(sh))
 
 
 def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> None:
@@ -388,6 +433,7 @@ def write_markdown(out: Path, summary: dict[str, Any], figures: list[str]) -> No
              "Definitions: docs/theory.md, section 19.", "", "## Headline", "",
              "| paper | ours | verdict |", "| --- | --- | --- |"]
     lines += [f"| {r['statement']} | {r['ours']} | {r['verdict']} |" for r in headline(summary)]
+    lines += [""] + _paragraphs(headline_legend(summary))
     if "task" in sh:
         tk = sh["task"]
         lines += ["", "## Task metrics per shuffle level", "",

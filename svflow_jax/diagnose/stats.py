@@ -18,11 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 
 _NORMAL = statistics.NormalDist()
+# The family-wise level of the diagnostics' verdicts: each of m tests is held to ALPHA / m
+# (Bonferroni).
+ALPHA = 0.05
 
 __all__ = ["rankdata", "spearman", "expected_calibration_error", "bootstrap_indices",
            "cluster_bootstrap_indices", "percentile_interval", "bonferroni_resamples",
            "one_sided_p", "spearman_permutation_p", "spearman_exact_p", "design_permutations",
-           "smallest_p", "LevelControlled", "level_controlled_spearman"]
+           "smallest_p", "LevelControlled", "level_controlled_spearman", "ALPHA"]
 
 
 def rankdata(a: np.ndarray) -> np.ndarray:

@@ -471,7 +471,7 @@ def _level_controlled(data: ShuffleData, config: StudyConfig, idx: np.ndarray, p
 
 
 def _design(data: ShuffleData, config: StudyConfig, tested: int,
-            alpha: float = 0.05) -> dict[str, Any]:
+            alpha: float = stats.ALPHA) -> dict[str, Any]:
     """What the study's units allow: the null in use, the Bonferroni bound, and (with
     documents) the smallest p-value a test with the documents as units can reach."""
     out: dict[str, Any] = {
@@ -522,7 +522,7 @@ def _depth(metrics: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, Any]:
 
 
 def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | None = None,
-                  alpha: float = 0.05) -> dict[str, Any]:
+                  alpha: float = stats.ALPHA) -> dict[str, Any]:
     """The population reading: does a metric rank MODELS by perplexity? (JSON-ready.)
 
     The models must have been measured on the same windows and levels. ``level``: the one
