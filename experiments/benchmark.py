@@ -572,11 +572,17 @@ TRAIN_SMOKE = dict(model=dict(d_model=16, n_heads=2, d_head=8, d_ff=32, context=
                               num_steps=2, num_anchors=2), batch_size=2)
 
 
+#: what the backward pass of a training step recomputes (``DesignConfig.remat``): every block,
+#: only the elementwise work between the stored matrix products, nothing
+REMAT_CHOICES = (True, "dots", False)
+
+
 def bench_training(s: Settings, matmul_f32: tuple[Callable, tuple],
                    overrides: dict | None = None) -> dict[str, Any]:
     """``svflow train``'s step (the program :func:`svflow_jax.training.loop.fit` compiles:
     forward, backward, clipping and AdamW) on its default model and batch, and its parts (the
-    loss alone, the loss and its gradient), timed side by side with the float32 matmul;
+    loss alone, the loss and its gradient), and the step with each other choice of
+    :data:`REMAT_CHOICES`, timed side by side with the float32 matmul;
     achieved GFLOP/s by :func:`lm_flops` and the fraction of the matmul rate."""
     overrides = overrides if overrides is not None else (TRAIN_SMOKE if s.mode == "smoke"
                                                          else {})
@@ -602,6 +608,12 @@ def bench_training(s: Settings, matmul_f32: tuple[Callable, tuple],
         "step": (functools.partial(train_step, graphdef, lm_loss, tx),
                  (params, rest, opt_state, batch)),
     }
+    for remat in REMAT_CHOICES:  # the same step with each choice of what the backward recomputes
+        if remat != model_cfg.remat:
+            other = SolverLM(model_cfg.replace(remat=remat), rngs=nnx.Rngs(s.seed))
+            _, other_def, other_params, other_rest, _, _ = placed(other, make_optimizer(config))
+            fns[f"step, remat={remat}"] = (functools.partial(train_step, other_def, lm_loss, tx),
+                                           (other_params, other_rest, opt_state, batch))
     compile_s = {}
     for name, (fn, args) in fns.items():
         start = time.perf_counter()
@@ -609,7 +621,7 @@ def bench_training(s: Settings, matmul_f32: tuple[Callable, tuple],
         compile_s[name] = time.perf_counter() - start
     design = model_cfg.layer_design
     flops = lm_flops(model_cfg, config.batch_size, n, design.evaluations_per_step)
-    work = {"forward": flops["forward"], "gradient": flops["step"], "step": flops["step"]}
+    work = {name: flops["forward"] if name == "forward" else flops["step"] for name in fns}
     result = _timed_rates(fns, work, s, matmul_f32)
     return {"model": dataclasses.asdict(model_cfg) | {"design": design.name},
             "batch_size": config.batch_size, "tokens_per_step": config.batch_size * n,
@@ -706,8 +718,8 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"\nsvflow train's step ({t['model']['design']}, d={t['model']['d_model']}, "
           f"{t['model']['num_steps']} blocks, batch {t['batch_size']} x "
           f"{t['model']['context']}): {t['tokens_per_s']:.0f} tokens/s")
-    for name in ("forward", "gradient", "step"):
-        print(f"  {name:<9} {1e3 * t['median_s'][name]:9.2f} ms  {t['gflops'][name]:7.1f} GFLOP/s"
+    for name in t["median_s"]:
+        print(f"  {name:<20} {1e3 * t['median_s'][name]:9.2f} ms  {t['gflops'][name]:7.1f} GFLOP/s"
               f"  {100 * t['fraction_of_f32_matmul'][name]:5.1f}% of the f32 matmul")
     print("the solve's gradient (solve's default adjoint):")
     for g in res["solve_gradient"]:

@@ -68,7 +68,10 @@ def test_benchmark_smoke_writes_documented_json(tmp_path):
     assert {"all_targets_met", "missed", "agreement_ok"} <= set(result["summary"])
 
     training = result["training"]  # svflow train's step, on the smoke test's tiny model
-    assert set(training["median_s"]) == {"forward", "gradient", "step"}
+    # the recipe's step, and the same step with each other choice of what the backward recomputes
+    remat = training["model"]["remat"]
+    assert set(training["median_s"]) == {"forward", "gradient", "step"} | {
+        f"step, remat={r}" for r in (True, "dots", False) if r != remat}
     assert training["flops"]["step"] == 3 * training["flops"]["forward"] > 0
     assert all(0 < v for v in training["fraction_of_f32_matmul"].values())
     assert training["tokens_per_s"] > 0 and training["model"]["design"] == "euler"

@@ -524,3 +524,34 @@ def test_training_at_a_random_depth_takes_the_drawn_depths_loss():
         TrainConfig(model=SMALL, random_depths=(6,))
     with pytest.raises(ValueError, match="not both"):
         TrainConfig(model=model, extra_depths=(6,), random_depths=(12,))
+
+
+def test_what_the_backward_pass_recomputes_does_not_change_the_gradient():
+    """``remat=True`` (every block recomputed), ``"dots"`` (only the elementwise work between
+    stored matrix products) and ``False`` (nothing): the same function, so the same gradient up
+    to the float32 re-association of XLA's fusions, bounded by ``(d_ff + n) eps`` times the
+    gradient's scale per block (the longest sums, d_ff = 32 and n = 12 terms), and a malformed
+    choice is refused."""
+    from svflow_jax.training.tasks import AustenBytes
+
+    inputs, targets, weights = AustenBytes(context=12).batch(0, 0, 2)
+    grads = {}
+    for remat in (True, "dots", False):
+        model = SolverLM(SMALL.replace(remat=remat), rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+
+        def loss(state, graphdef=graphdef):
+            logits = nnx.merge(graphdef, state)(jnp.asarray(inputs))
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+            return -jnp.mean(jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], -1))
+
+        grads[remat] = jax.tree.leaves(jax.grad(loss)(state))
+    eps = float(jnp.finfo(jnp.float32).eps)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in grads[True])
+    bound = SMALL.num_steps * (SMALL.d_ff + SMALL.context) * eps * scale
+    for remat in ("dots", False):
+        worst = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads[True], grads[remat],
+                                                                    strict=True))
+        assert worst <= bound, (remat, worst, bound)
+    with pytest.raises(ValueError, match="remat"):
+        SMALL.replace(remat="everything")

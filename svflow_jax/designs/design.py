@@ -16,6 +16,7 @@ resolved by :func:`svflow_jax.solvers.catalogue.get`; a design built from a tabl
 
 from __future__ import annotations
 
+import jax
 from diffrax import AbstractSolver
 
 from svflow_jax.solvers import WithinStep, fixed_step_scan
@@ -32,15 +33,20 @@ __all__ = [
 
 def integrate(
     solver: AbstractSolver, terms, y0, t0: float, t1: float, num_steps: int, *,
-    remat: bool = True,
+    remat: bool | str = True,
 ):
     """``num_steps`` equal steps of ``solver`` from ``t0`` to ``t1``: the stack's forward pass.
 
     :func:`svflow_jax.solvers.fixed_step_scan`: one ``lax.scan`` over the steps (compile time
-    flat in depth), Runge-Kutta stages unrolled; with ``remat`` each step is rematerialised in
-    the backward pass (``jax.checkpoint``), so gradient memory holds one state per step instead
-    of every stage's activations, and each stage is evaluated once more. Step times are
-    ``t0 + i (t1 - t0) / N`` in the state's dtype (no float64 promotion of a float32 model).
+    flat in depth), Runge-Kutta stages unrolled; with ``remat=True`` each step is
+    rematerialised in the backward pass (``jax.checkpoint``), so gradient memory holds one
+    state per step instead of every stage's activations, and each stage is evaluated once
+    more; with ``remat="dots"`` the matrix products' results are stored and only the
+    elementwise work between them is recomputed (``jax.checkpoint_policies.dots_saveable``:
+    memory grows by every product's output per step, time is nearly that of no recomputation);
+    ``False`` stores everything. Step times are ``t0 + i (t1 - t0) / N`` in the state's dtype
+    (no float64 promotion of a float32 model).
     """
-    return fixed_step_scan(solver, terms, y0, t0, t1, num_steps, remat=remat)
+    policy = jax.checkpoint_policies.dots_saveable if remat == "dots" else bool(remat)
+    return fixed_step_scan(solver, terms, y0, t0, t1, num_steps, remat=policy)
 

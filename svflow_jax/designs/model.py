@@ -112,7 +112,9 @@ class DesignConfig:
         head_bias: the head adds a bias ``unembed_bias (V,)`` to the logits (module docstring).
         embed_norm: the initial state is the normalised embedding ``R(e)`` instead of
             ``e / rho`` (module docstring; pre-norm only: post-norm starts there anyway).
-        remat: rematerialise every block in the backward pass.
+        remat: rematerialise every block in the backward pass (``True``), only its
+            elementwise work (``"dots"``: the matrix products are stored), or nothing
+            (``False``); see :func:`~svflow_jax.designs.integrate`. The numbers are the same.
     """
 
     design: str | Method = "euler"
@@ -131,7 +133,7 @@ class DesignConfig:
     init_std: float = 0.02
     head_bias: bool = False
     embed_norm: bool = False
-    remat: bool = True
+    remat: bool | Literal["dots"] = True
 
     def __post_init__(self):
         for name in ("vocab_size", "context", "d_model", "n_heads", "d_head", "d_ff",
@@ -151,6 +153,8 @@ class DesignConfig:
             raise ValueError(f"norm_position must be 'post' or 'pre', got {self.norm_position!r}")
         # an unknown design, or one without a pre-norm form
         catalogue.get(self.design, what="design").solver_for(self.norm_position)
+        if self.remat not in (True, False, "dots"):
+            raise ValueError(f"remat must be True, False or 'dots', got {self.remat!r}")
         if self.update not in ("residual", "ngpt"):
             raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
         if self.embed_norm and self.norm_position != "pre":
