@@ -22,9 +22,12 @@ Spearman's rho across the models of the metric at that level against the perplex
 (the tested claim), of the clean values and of the changes, with a cluster bootstrap over the
 six documents for the intervals (enough resamples for 40 beyond each end of the Bonferroni
 interval, at least ``--bootstrap``), a one-sided permutation p-value over the models in the
-expected direction (:data:`svflow_jax.diagnose.study.EXPECTED_SIGN`), and a verdict with
-Bonferroni over the ``m`` metrics tested. Each model's validation perplexity (every position of
-16 windows of 128 bytes per held-out document) is reported beside it.
+expected direction (:data:`svflow_jax.diagnose.study.EXPECTED_SIGN`), the same within sizes
+(the control: the exact test over the permutations of the models of each size, since a text
+statistic is the same for every model and the size is what else separates them), and a
+verdict with Bonferroni over the ``m`` metrics tested that needs both. Each model's
+validation perplexity (every position of 16 windows of 128 bytes per held-out document) is
+reported beside it.
 
 Run by hand (about 10 minutes with the defaults: 9 min 47 s on a loaded 2-core CPU, most of it
 training the three d = 96 models)::
@@ -210,7 +213,10 @@ def main(argv=None) -> int:
             print(f"{size} seed {seed}: {n_params} parameters, training loss {loss:.3f}, "
                   f"validation perplexity {row['validation_perplexity']:.2f} "
                   f"({row['train_s']:.0f} s + {row['study_s']:.0f} s)", flush=True)
-    across = study.across_models(datas, cfg, args.level)
+    sizes = [row["size"] for row in models]
+    # the control across models: the size (a text statistic is the same for every model)
+    strata = sizes if len(set(sizes)) < len(sizes) else None
+    across = study.across_models(datas, cfg, args.level, strata=strata)
     for row, p0, p1 in zip(models, across["perplexity_clean"], across["perplexity_level"],
                            strict=True):
         row["study_perplexity_clean"], row["study_perplexity_level"] = p0, p1
@@ -224,13 +230,15 @@ def main(argv=None) -> int:
     write_json(out / "population.json", summary, indent=1)
     print(f"\n{len(models)} models; level {args.level}; m = {across['tested']}; bootstrap over "
           f"{across['bootstrap_unit']}; {across['permutations']} permutations")
-    print(f"{'metric':<18} {'rho at level [95%] [Bonferroni]':<44} {'p':>7}  {'verdict':<16} "
-          f"{'rho clean':<22} rho change")
+    print(f"{'metric':<18} {'rho at level [95%] [Bonferroni]':<44} {'p':>7}  "
+          f"{'within sizes: rho, p':<22} {'verdict':<16} {'rho clean':<22} rho change")
     for name, e in across["rho"].items():
         lv, cl, ch = e["level"], e["clean"], e["change"]
+        w = lv.get("within")
+        within = f"{w['rho']:+.2f}, {w['p']:.4f}" if w else "n/a"
         print(f"{name:<18} {lv['rho']:+.2f} [{lv['ci'][0]:+.2f}, {lv['ci'][1]:+.2f}] "
               f"[{lv['ci_bonferroni'][0]:+.2f}, {lv['ci_bonferroni'][1]:+.2f}]{'':<14} "
-              f"{lv['p']:7.4f}  {str(e['verdict']):<16} {cl['rho']:+.2f} "
+              f"{lv['p']:7.4f}  {within:<22} {str(e['verdict']):<16} {cl['rho']:+.2f} "
               f"[{cl['ci'][0]:+.2f}, {cl['ci'][1]:+.2f}]  {ch['rho']:+.2f} "
               f"[{ch['ci'][0]:+.2f}, {ch['ci'][1]:+.2f}]")
     print(f"{summary['timings']['total_s']:.0f} s; {out / 'population.json'}")

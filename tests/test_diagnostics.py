@@ -1054,3 +1054,95 @@ def test_across_models_bonferroni_interval_level_and_resamples():
     got = out["rho"]["entropy"]["level"]["ci_bonferroni"]
     assert got == pytest.approx((lo, hi), abs=1e-12)
     assert got != pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])), abs=1e-6)
+
+
+def _within_strata_reference(a, b, strata, sign):
+    """The within-strata statistic and its exact p-value, written out independently: SciPy's
+    ranks per stratum, centred, pooled Pearson, every within-strata permutation."""
+    import itertools
+
+    groups = [np.flatnonzero(np.asarray(strata) == s) for s in sorted(set(strata))]
+
+    def stat(x):
+        ra = np.concatenate([scipy.stats.rankdata(x[g]) - (len(g) + 1) / 2 for g in groups])
+        rb = np.concatenate([scipy.stats.rankdata(b[g]) - (len(g) + 1) / 2 for g in groups])
+        return float(np.sum(ra * rb) / np.sqrt(np.sum(ra ** 2) * np.sum(rb ** 2)))
+
+    observed, null = stat(a), []
+    for combo in itertools.product(*[itertools.permutations(g) for g in groups]):
+        x = a.copy()
+        for g, p in zip(groups, combo, strict=True):
+            x[g] = a[list(p)]
+        null.append(stat(x))
+    return observed, np.mean(sign * np.array(null) >= sign * observed - 1e-12)
+
+
+def test_within_strata_test_matches_a_written_out_reference_and_its_smallest_p():
+    rng = np.random.default_rng(3)
+    strata = [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+    for _ in range(5):
+        a, b = rng.normal(size=11), rng.normal(size=11)
+        for sign in (1, -1):
+            rho, p = stats.within_strata_spearman_exact_p(a, b, strata, sign)
+            ref_rho, ref_p = _within_strata_reference(a, b, strata, sign)
+            assert rho == pytest.approx(ref_rho, abs=1e-12) and p == pytest.approx(ref_p)
+    # every stratum ordered alike: rho 1, and p is the identity's share, 1 / (3! 3! 3! 2!)
+    x = np.arange(11.0)
+    assert stats.within_strata_spearman_exact_p(x, x, strata, 1) == pytest.approx(
+        (1.0, 1 / 432))
+    # between-strata differences alone: the pooled rank correlation is 1, the within one -1
+    y = np.array([3, 2, 1, 6, 5, 4, 9, 8, 7, 11, 10.0])
+    assert stats.within_strata_spearman_exact_p(y, x, strata, 1)[0] == pytest.approx(-1.0)
+
+
+def test_within_strata_test_is_calibrated_under_a_size_confound_where_the_plain_test_is_not():
+    """Metric and perplexity both follow the size (the stratum) and are otherwise independent:
+    the plain permutation test over models rejects most such populations, the within-strata
+    test at most its level (exact under exchangeability within strata; 300 populations, the
+    binomial 99.9% bound at 0.05 is 0.089)."""
+    rng = np.random.default_rng(11)
+    strata = np.repeat(np.arange(3), 3)
+    plain = within = 0
+    for _ in range(300):
+        size = 2.0 * strata
+        metric, ppl = size + rng.normal(size=9), -size + rng.normal(size=9)
+        plain += stats.spearman_permutation_p(metric, ppl, -1, 500, int(rng.integers(1e9)))[1] \
+            <= 0.05
+        within += stats.within_strata_spearman_exact_p(metric, ppl, strata, -1)[1] <= 0.05
+    assert within / 300 <= 0.089
+    assert plain / 300 >= 0.5
+
+
+def test_across_models_with_strata_needs_tracking_beyond_the_strata():
+    """A metric that follows the models' size group but not their perplexity within it is
+    "reproduced" across models without the control and "not reproduced" with it; one that
+    follows perplexity model by model stays "reproduced" with it; the boundary of the
+    within-strata p-value, just below and just above alpha / m, decides."""
+    from svflow_jax.diagnose.study import across_models, population_verdict
+
+    def noise(nll, i, rng):
+        return 0.01 * rng.normal(size=nll.shape)
+
+    # 9 models: perplexity rises with i; the size group is i // 3
+    datas, cfg = _population({
+        "entropy": lambda nll, i, rng: 2.0 * nll + noise(nll, i, rng),  # follows each model
+        "kl_q_p": lambda nll, i, rng: float(i // 3) - 0.1 * (i % 3) + noise(nll, i, rng),
+    }, M=9)
+    order = [int(round((d.nll[:, 0].mean() - 1.5) / 0.2)) for d in datas]  # each model's i
+    strata = [i // 3 for i in order]
+    plain = across_models(datas, cfg)
+    controlled = across_models(datas, cfg, strata=strata)
+    assert plain["rho"]["kl_q_p"]["verdict"] == "reproduced"
+    assert controlled["rho"]["kl_q_p"]["verdict"] == "not reproduced"
+    assert controlled["rho"]["kl_q_p"]["level"]["within"]["rho"] == pytest.approx(-1.0)
+    assert controlled["rho"]["entropy"]["verdict"] == "reproduced"
+    assert controlled["rho"]["entropy"]["level"]["within"]["p"] == pytest.approx(1 / 216)
+    bound = 0.05 / 2
+    level = dict(controlled["rho"]["entropy"]["level"])
+    for p, verdict in ((bound * (1 - 1e-9), "reproduced"), (bound, "not reproduced")):
+        level["within"] = {"rho": 1.0, "p": p}
+        assert population_verdict(level, +1, bound) == verdict
+    level["within"] = {"rho": -1.0, "p": 0.001}  # the wrong sign within strata
+    assert population_verdict(level, +1, bound) == "not reproduced"
+    with pytest.raises(ValueError, match="one label per model"):
+        across_models(datas, cfg, strata=strata[:-1])

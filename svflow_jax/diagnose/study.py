@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -522,7 +522,8 @@ def _depth(metrics: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, Any]:
 
 
 def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | None = None,
-                  alpha: float = stats.ALPHA) -> dict[str, Any]:
+                  alpha: float = stats.ALPHA, strata: Sequence[Any] | None = None
+                  ) -> dict[str, Any]:
     """The population reading: does a metric rank MODELS by perplexity? (JSON-ready.)
 
     The models must have been measured on the same windows and levels. ``level``: the one
@@ -548,7 +549,16 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
     otherwise "not reproduced". The ``clean`` and ``change`` rhos are descriptions (no
     verdict). The resamples: ``config.bootstrap`` or, if more, enough for 40 beyond each end
     of the Bonferroni interval (:func:`stats.bonferroni_resamples`); with ``D`` documents there
-    are only ``C(2D - 1, D)`` distinct resamples (462 for six), which no count can add to."""
+    are only ``C(2D - 1, D)`` distinct resamples (462 for six), which no count can add to.
+
+    The control, ``strata`` (one label per model, e.g. its size): a model-free text statistic
+    is the same for every model (the same passages), so it cannot explain a difference between
+    models; what can is a property of the models that is not an SVFlow quantity, such as their
+    size (the flow-unit metrics grow with the width). With ``strata``, ``level`` also gets
+    ``within``: the association within strata and its exact p-value over the within-strata
+    permutations (:func:`stats.within_strata_spearman_exact_p`), and a tested metric is
+    "reproduced" only when it also passes that test at ``alpha / m``: it tracks perplexity
+    beyond the strata."""
     if len(datas) < 3 or any(d.nll is None for d in datas):
         raise ValueError("across_models needs at least 3 language models")
     first = datas[0]
@@ -558,6 +568,8 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
     if any((d.groups is None) != (first.groups is None) or (
             d.groups is not None and not np.array_equal(d.groups, first.groups)) for d in datas):
         raise ValueError("every model must be measured on the same documents")
+    if strata is not None and len(strata) != len(datas):
+        raise ValueError(f"strata: one label per model, got {len(strata)} for {len(datas)}")
     levels = list(first.levels)
     level = levels[-1] if level is None else float(level)
     if level not in levels or level == 0.0:
@@ -604,8 +616,15 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
             boot = stats.spearman(vb[what], lpb[what])
             entry[what] = {"rho": rho, "p": p, "ci": stats.percentile_interval(boot),
                            "ci_bonferroni": stats.percentile_interval(boot, 1 - bound)}
+        if strata is not None:
+            rho, p = stats.within_strata_spearman_exact_p(v0["level"][0], lp0["level"][0],
+                                                          strata, sign)
+            entry["level"]["within"] = {"rho": rho, "p": p}
         if name in tested:
             entry["verdict"] = population_verdict(entry["level"], sign, bound)
+            if strata is not None:  # the former reading, beside it
+                entry["verdict_without_strata"] = population_verdict(
+                    {k: v for k, v in entry["level"].items() if k != "within"}, sign, bound)
         else:
             entry["verdict"] = "description (model units)" if name in MODEL_UNITS else None
         out["rho"][name] = entry
@@ -613,12 +632,17 @@ def across_models(datas: list[ShuffleData], config: StudyConfig, level: float | 
 
 
 def population_verdict(level: Mapping[str, Any], sign: int, bound: float) -> str:
-    """The verdict of :func:`across_models` on ``level`` (``rho``, ``p``, ``ci_bonferroni``):
-    "reproduced" when ``p < bound``, ``rho`` has the expected ``sign`` and the Bonferroni
-    interval lies strictly on that side of 0; otherwise "not reproduced"."""
+    """The verdict of :func:`across_models` on ``level`` (``rho``, ``p``, ``ci_bonferroni``,
+    and ``within`` where there are strata): "reproduced" when ``p < bound``, ``rho`` has the
+    expected ``sign``, the Bonferroni interval lies strictly on that side of 0, and, with
+    ``within``, its ``p < bound`` and its ``rho`` has the expected sign too; otherwise "not
+    reproduced"."""
     lo, hi = level["ci_bonferroni"]
     side = lo > 0 if sign > 0 else hi < 0
     ok = np.isfinite(level["p"]) and level["p"] < bound and sign * level["rho"] > 0 and side
+    within = level.get("within")
+    if within is not None:
+        ok = ok and np.isfinite(within["p"]) and within["p"] < bound and sign * within["rho"] > 0
     return "reproduced" if ok else "not reproduced"
 
 
