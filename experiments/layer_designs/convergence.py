@@ -132,11 +132,11 @@ def convergence_report(s: dict, c: dict, results: dict) -> str:
                  f"{r['order_from']} blocks on" if r["order_from"] is not None else
                  f"not at order {p} by {blocks[-1]} blocks (the finest ratio is outside "
                  f"{100 * _band():.0f}% of {2 ** p})")
-        trained = _trained(r).replace("-", "none (initial weights)")
+        trained = ", ".join(map(str, r["trained_depths"])) or "no depth (initial weights)"
         lines.append(
             f"* **{r['arm']}** (trained at {trained}): the states converge {start}; at N = {n} "
-            f"they are {fmt(r['angle_at_N'], 1)} degrees from the limit, and the loss is "
-            f"{fmt(r['loss_above_limit_percent'], 1)}% above the limit's "
+            f"they are {fmt(r['angle_at_N'], 1)} degrees from the limit, and the loss there "
+            f"differs from the limit's by {fmt(r['loss_above_limit_percent'], 1)}% "
             f"({fmt(r['bpc'][blocks.index(n)])} against {fmt(r['bpc_limit'])} bits/char).")
     lines += [
         "", f"Euler, {c['norm']}-norm, Chebyshev weights through {s['anchors']} anchors on "
