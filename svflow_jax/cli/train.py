@@ -393,4 +393,4 @@ def _cache_in_force() -> str | None:
     none of its own: ``$JAX_COMPILATION_CACHE_DIR``)."""
     import jax
 
-    return jax.config.jax_compilation_cache_dir or None
+    return getattr(jax.config, "jax_compilation_cache_dir", None) or None
