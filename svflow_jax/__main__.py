@@ -1,5 +1,5 @@
 """``python -m svflow_jax ...`` is the ``svflow`` command."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

@@ -52,6 +52,7 @@ import contextlib
 import importlib.util
 import os
 import pkgutil
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,14 +87,16 @@ def expected_platform(platforms: str | None = None,
     (the rule of the module's docstring).
 
     Args:
-        platforms: the ``JAX_PLATFORMS`` value (default: ``jax.config.jax_platforms``, which
-            reads the environment variable); empty or ``None``: not set.
+        platforms: the ``JAX_PLATFORMS`` value (default: ``jax.config.jax_platforms`` where
+            JAX is imported, else the environment variable it reads: the command line decides
+            before importing JAX); empty or ``None``: not set.
         plugins: the installed accelerator plugins (default :func:`accelerator_plugins`).
     """
-    if platforms is None:
-        import jax
-
-        platforms = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "")
+    if platforms is None:  # jax's option where jax is imported; else the variable it reads
+        jax = sys.modules.get("jax")
+        config = getattr(jax, "config", None)
+        platforms = (getattr(config, "jax_platforms", None)
+                     or os.environ.get("JAX_PLATFORMS", ""))
     first = platforms.split(",")[0].strip().lower() if platforms else ""
     if first:
         return "cpu" if first == "cpu" else "accelerator"

@@ -13,6 +13,7 @@ import pytest
 
 import svflow_jax
 from svflow_jax import cli
+from svflow_jax.cli import verify as cli_verify
 from svflow_jax.xla_settings import QUICK_FLAGS, use_project_flags
 
 BAD_OPTIONS = [
@@ -158,6 +159,9 @@ def test_verify_quick_end_to_end_then_from_the_cache(tmp_path):
     out = tmp_path / "verify"
     proc = _run_cli(args + ["--out", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # said before the first compilation (the cache is empty): how many, and where they go
+    assert proc.stderr.startswith(f"svflow verify: compiling about {cli_verify.PROGRAMS} "
+                                  f"programs (cached for next time in {tmp_path / 'c'})\n")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema_version"] == 2 and summary["passed"] is True
     names = [c["name"] for c in summary["claims"]]
@@ -192,6 +196,8 @@ def test_verify_quick_end_to_end_then_from_the_cache(tmp_path):
     again_out = tmp_path / "again"
     proc = _run_cli(args + ["--only", *E2E_CLAIMS, "--out", str(again_out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("svflow verify: compiling up to about ")  # some cached
+    assert f"; compile cache: {tmp_path / 'c'} (" in proc.stderr.splitlines()[0]
     again = json.loads((again_out / "summary.json").read_text())
     assert again["passed"] is True
     assert [c["name"] for c in again["claims"]] == E2E_CLAIMS

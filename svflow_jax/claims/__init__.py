@@ -24,22 +24,25 @@ To add a claim: write ``measure(ctx) -> Evidence`` in one of these modules (or y
 before the run) and decorate it with ``@claim(name, section, statement)``.
 """
 
-from . import exactness, orders, stacks  # noqa: F401  (registration, in report order)
-from .core import (
-    QUICK,
-    Claim,
-    ClaimResult,
-    Context,
-    Evidence,
-    Options,
-    all_claims,
-    claim,
-    claim_family,
-    get,
-    run_claims,
-    select,
-)
-from .orders import order_claim, solver_sweep
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names are, for readers and the API docs
+    from .core import (
+        QUICK,
+        Claim,
+        ClaimResult,
+        Context,
+        Evidence,
+        Options,
+        all_claims,
+        claim,
+        claim_family,
+        get,
+        run_claims,
+        select,
+    )
+    from .orders import order_claim, solver_sweep
 
 __all__ = [
     "QUICK",
@@ -57,3 +60,21 @@ __all__ = [
     "select",
     "solver_sweep",
 ]
+
+#: the modules that register the claims, in report order. They import JAX, so they are loaded
+#: with the first name asked of this package (PEP 562), not by ``import svflow_jax.claims``:
+#: ``svflow_jax.claims.core.Options`` checks ``svflow verify``'s options before JAX is imported.
+REGISTERING = ("exactness", "orders", "stacks")
+_WHERE = {name: ".orders" if name in ("order_claim", "solver_sweep") else ".core"
+          for name in __all__}
+_SUBMODULES = ("core", "measure", "problem", "report", "run", *REGISTERING)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        for module in REGISTERING:
+            importlib.import_module(f".{module}", __name__)
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import jax.numpy as jnp
-
 __all__ = [
     "Options",
     "QUICK",
@@ -105,6 +103,8 @@ class Options:
 
     @property
     def jnp_dtype(self):
+        import jax.numpy as jnp  # here: the options are checked before JAX is imported
+
         return jnp.dtype(self.dtype)
 
     @property
@@ -290,8 +290,12 @@ def run_claims(
         return results
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(c.run, ctx): c for c in claims}
-        for done in concurrent.futures.as_completed(futures):
-            done.result()  # a claim that raised raises here
-            if progress:
-                progress(futures[done].name)
+        try:
+            for done in concurrent.futures.as_completed(futures):
+                done.result()  # a claim that raised raises here
+                if progress:
+                    progress(futures[done].name)
+        except BaseException:  # Ctrl-C or a failure: the claims not started yet never start
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return [f.result() for f in futures]

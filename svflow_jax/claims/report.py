@@ -19,7 +19,7 @@ from ..reporting import provenance, save_figure, verdict, write_csv, write_json,
 from . import measure
 
 __all__ = ["headline", "verdict", "conclusion", "legend", "write_all", "write_tables",
-           "write_figures", "write_markdown"]
+           "write_figures", "write_markdown", "convergence_figure", "write_sweep"]
 
 MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*", "P", "h")
 STYLES = ("-", "--", "-.", ":")
@@ -69,6 +69,37 @@ def _styles():
                                                  itertools.cycle(STYLES)))
 
 
+def convergence_figure(path: Path, sweeps: list[tuple[dict[str, Any], list[dict[str, Any]]]]
+                       ) -> str:
+    """The log-log convergence figure of step-size sweeps (``svflow verify``'s order claims,
+    ``svflow sweep``'s methods): error against step size, one line per method with its fitted
+    and nominal order in the legend, and the nominal slope dotted through the finest fitted
+    point. ``sweeps``: each method's figures (``solver``, ``fitted_order``,
+    ``expected_order``) and points (``step_size``, ``error``, ``in_fit``). Returns the file
+    name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for (f, pts), (color, marker, style) in zip(sweeps, _styles(), strict=False):
+        h, e = [p["step_size"] for p in pts], [p["error"] for p in pts]
+        ax.loglog(h, e, marker=marker, ls=style, color=color, ms=5, mfc="none",
+                  label=f"{f['solver']} (p = {_fmt(f['fitted_order'])}, theory "
+                        f"{f['expected_order']})")
+        fitted = [(hh, ee) for hh, ee, p in zip(h, e, pts, strict=True) if p["in_fit"]]
+        if fitted:  # theoretical slope through the finest fitted point
+            h0, e0 = fitted[-1]
+            ax.loglog([h0, 8 * h0], [e0, e0 * 8.0 ** f["expected_order"]], ":",
+                      color=color, lw=1)
+    ax.set(xlabel="step size h (= T / layers)", ylabel="max geodesic error at T",
+           title="Convergence on the sphere (dotted: theoretical slope)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
 def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     """Figures for the claims present; returns their file names."""
     import matplotlib
@@ -79,23 +110,8 @@ def write_figures(out: Path, summary: dict[str, Any]) -> list[str]:
     names = []
     orders = _claims(summary, "order/")
     if orders:
-        fig, ax = plt.subplots(figsize=(7.5, 5.5))
-        for c, (color, marker, style) in zip(orders, _styles(), strict=False):
-            pts, f = c["rows"], c["figures"]
-            h, e = [p["step_size"] for p in pts], [p["error"] for p in pts]
-            ax.loglog(h, e, marker=marker, ls=style, color=color, ms=5, mfc="none",
-                      label=f"{f['solver']} (p = {_fmt(f['fitted_order'])}, theory "
-                            f"{f['expected_order']})")
-            fitted = [(hh, ee) for hh, ee, p in zip(h, e, pts, strict=True) if p["in_fit"]]
-            if fitted:  # theoretical slope through the finest fitted point
-                h0, e0 = fitted[-1]
-                ax.loglog([h0, 8 * h0], [e0, e0 * 8.0 ** f["expected_order"]], ":",
-                          color=color, lw=1)
-        ax.set(xlabel="step size h (= T / layers)", ylabel="max geodesic error at T",
-               title="Convergence on the sphere (dotted: theoretical slope)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-        names.append(save_figure(fig, out / "convergence.png"))
+        names.append(convergence_figure(out / "convergence.png",
+                                        [(c["figures"], c["rows"]) for c in orders]))
 
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
         for c, (color, marker, style) in zip(orders, _styles(), strict=False):
@@ -263,3 +279,30 @@ def write_all(out: Path, summary: dict[str, Any]) -> None:
     write_json(out / "summary.json", summary)
     write_tables(out, summary)
     write_markdown(out, summary, write_figures(out, summary))
+
+
+def write_sweep(out: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """``svflow sweep``'s ``convergence.png`` (:func:`convergence_figure`) and ``report.md``
+    beside its JSON files: one verdict line per method first (its fitted order against its
+    nominal order), then the table of every point. ``rows``: the methods' JSON files. Returns
+    the files' names."""
+    figure = convergence_figure(out / "convergence.png",
+                                [(r, r["points"]) for r in rows if r.get("points")])
+    lines = ["# svflow sweep", ""]
+    for r in rows:
+        lo, hi = r["order_ci"]
+        lines.append(f"- **{verdict(r['passed'])}** `{r['solver']}`: fitted order "
+                     f"{_fmt(r['fitted_order'])} (95% [{_fmt(lo)}, {_fmt(hi)}], "
+                     f"{r['fit_points']} points) against its nominal order "
+                     f"{r['expected_order']}; criterion {r['tolerance']}.")
+    lines += ["", f"![convergence]({figure})", "", "| method | steps | step size | error | "
+              "in fit | evaluations | seconds |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        for p in r["points"]:
+            lines.append(f"| `{r['solver']}` | {p['num_steps']} | {_fmt(p['step_size'])} | "
+                         f"{_fmt(p['error'])} | {'yes' if p['in_fit'] else 'no'} | "
+                         f"{_fmt(p['evaluations'])} | {_fmt(p['seconds'])} |")
+    if rows and (line := provenance(rows[-1].get("environment"))):
+        lines += ["", line]
+    write_text(out / "report.md", "\n".join(lines) + "\n")
+    return [figure, "report.md"]

@@ -55,7 +55,12 @@ def option_error(err: ValueError, options: Iterable[str] | Mapping[str, str]) ->
 def resolve_methods(names: Iterable[str], option: str) -> list:
     """The :class:`~svflow_jax.solvers.catalogue.Method` of each name: a name of the solver
     catalogue or ``package.module:Attr`` (a user's module, the current folder searched first;
-    :func:`svflow_jax.solvers.catalogue.get`). ``UsageError`` naming ``option`` otherwise."""
+    :func:`svflow_jax.solvers.catalogue.get`). ``UsageError`` naming ``option`` otherwise:
+    a name that is neither is refused before JAX is imported (:mod:`.catalog`)."""
+    from .catalog import check_methods
+
+    names = list(names)
+    check_methods(names, option)
     from ..solvers import catalogue
 
     try:
@@ -102,8 +107,8 @@ FLOW_OPTIONS = ("seed", "dtype", "tokens", "dim", "layers", "t1", "strength", "r
 def flow_options(args: argparse.Namespace, quick: bool = False):
     """The validated :class:`~svflow_jax.claims.Options`: explicit options win, ``--quick``
     fills in its small defaults, the rest are the library defaults; then the size bounds
-    (``check_sizes``). ``UsageError`` naming the option."""
-    from ..claims import QUICK, Options
+    (``check_sizes``). ``UsageError`` naming the option. Imports no JAX."""
+    from ..claims.core import QUICK, Options
 
     given = {k: getattr(args, k) for k in FLOW_OPTIONS if getattr(args, k, None) is not None}
     try:
@@ -163,9 +168,9 @@ def check_sizes(options) -> None:
         raise UsageError(f"--repeats {options.repeats}: at most {MAX_REPEATS}")
     if options.num_sizes is not None and options.num_sizes > 1000:
         raise UsageError(f"--num-sizes {options.num_sizes}: at most 1000")
-    from ..solvers import catalogue
+    from .catalog import largest_sweep
 
-    largest = max(m.step_range[1] for m in catalogue.methods()) * options.step_scale
+    largest = largest_sweep() * options.step_scale
     if largest > MAX_STEPS:
         raise UsageError(f"--step-scale {options.step_scale:g}: sweeps would take up to "
                          f"{largest:.3g} steps per solve, more than {MAX_STEPS}")

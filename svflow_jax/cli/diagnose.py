@@ -81,7 +81,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace):
-    from ..diagnose.study import QUICK, StudyConfig
+    from ..diagnose.config import QUICK, StudyConfig
     from . import runtime
 
     given = {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
@@ -141,7 +141,7 @@ def _save_data(path: Path, data) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = _config(args)
     check_sizes(config)
-    from ..diagnose.study import default_text
+    from ..diagnose.config import default_text
     from ..reporting import display_path
 
     if not config.documents:

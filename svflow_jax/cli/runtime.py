@@ -8,7 +8,9 @@ Exit codes (the same for every command, see :data:`EXIT_CODES`):
 * 1: a claim or check failed (the report says which);
 * 2: bad input or options (a one-line message naming the option or file); nothing was run;
 * 3: an internal error: a one-line message on stderr, the traceback in ``error.log`` in the
-  output folder.
+  output folder;
+* 130: interrupted (Ctrl-C): one line on stderr says where, no traceback; ``sweep`` and
+  ``train`` continue where they stopped when the same command runs again.
 
 The studies (:mod:`svflow_jax.claims`, :mod:`svflow_jax.claims.run`, :mod:`svflow_jax.inspection`,
 :mod:`svflow_jax.diagnose`, :mod:`svflow_jax.objective`) measure only; they set up nothing.
@@ -36,7 +38,11 @@ __all__ = [
     "EXIT_USAGE",
     "OUTPUTS",
     "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
     "EXIT_CODES",
+    "Interrupted",
+    "command_line",
+    "announce_compiling",
     "EPILOG",
     "UsageError",
     "default_out",
@@ -58,11 +64,14 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+#: Ctrl-C: 128 + SIGINT, what a shell reports for a program that SIGINT ended
+EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "done, every claim or check passed",
     EXIT_FAILED: "a claim or check failed (see the report)",
     EXIT_USAGE: "bad input or options; nothing was run",
     EXIT_INTERNAL: "internal error (traceback in error.log in the output folder)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); sweep and train resume when run again",
 }
 EPILOG = "exit codes: " + "; ".join(f"{code} {words}" for code, words in EXIT_CODES.items())
 
@@ -76,6 +85,23 @@ ERROR_LOG = "error.log"
 
 class UsageError(Exception):
     """Bad input or options: the command exits with code 2 and this message."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with the one line that says where the command stopped (and how to resume):
+    the command exits with code 130 and this message, no traceback."""
+
+
+def command_line(args: argparse.Namespace, out: str | Path | None = None) -> str:
+    """The command as the user ran it (``svflow`` and the arguments :func:`svflow_jax.cli.main`
+    parsed), quoted for a shell; ``--out out`` added when the command chose its own folder
+    (a rerun would choose another)."""
+    import shlex
+
+    argv = list(getattr(args, "argv", None) or [])
+    if out is not None and getattr(args, "out", None) is None:
+        argv += ["--out", str(out)]
+    return shlex.join(["svflow", *argv])
 
 
 def default_out(command: str, detail: str | None = None) -> Path:
@@ -164,11 +190,11 @@ def _gib(n: float) -> str:
 #: with --overwrite, a file already there that one of these would replace is refused
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "verify": ("summary.json", "config.json", "report.md", "*.csv", "*.png", "tables"),
-    "sweep": ("config.json", "*.json"),
+    "sweep": ("config.json", "*.json", "report.md", "*.png"),
     "inspect": ("summary.json", "report.md", "*.csv", "*.png"),
     "diagnose": ("config.json", "summary.json", "report.md", "*.csv", "*.png", "data.npz"),
     "train": ("config.json", "run.json", "metrics.jsonl", "metrics.csv", "checkpoints",
-              "final.json"),
+              "final.json", "loss.png"),
 }
 #: the weights of a Hugging Face folder (beside its config.json)
 WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.pt", "*.pth",
@@ -189,6 +215,7 @@ class OutputFolder:
         self.path, self.command = path, command
         self._locked = False
         self.before: list[str] = []
+        self.created = False  # by this run (prepare_out): removed again if it stays empty
 
     def lock(self) -> None:
         lock = self.path / LOCK
@@ -241,6 +268,16 @@ class OutputFolder:
         if self._locked:
             (self.path / LOCK).unlink(missing_ok=True)
             self._locked = False
+
+    def discard(self) -> None:
+        """Removes the folder when this run created it and wrote nothing into it (bad options
+        found after it was prepared: nothing was run); otherwise only releases the lock."""
+        if self.created and self._locked and self.path.is_dir() and not self.files():
+            (self.path / MARKER).unlink(missing_ok=True)
+            self.release()
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+        self.release()
 
 
 def _started(pid: int) -> str | None:
@@ -364,8 +401,10 @@ def prepare_out(path: str | Path, command: str, *, overwrite: bool = False,
 
     Raises :class:`UsageError` (exit 2) naming ``--out``."""
     path = Path(path)
+    created = not path.exists()
     check_writable_folder(path, "--out", create=True)
     folder = OutputFolder(path, command)
+    folder.created = created
     folder.lock()
     try:
         before, ours = _claim(folder, overwrite, resumable)
@@ -445,6 +484,35 @@ def progress_bar(desc: str, unit: str, disable: bool, total: int | None = None):
         yield tick, set_total
 
 
+def announce_compiling(prog: str, programs: int, cache: str | None,
+                       why: str | None = None) -> None:
+    """One line on stderr before the first compilation: about how many programs XLA compiles
+    (``programs``: the command's estimate) and where the persistent compilation cache keeps
+    them; a cache that already holds programs of earlier runs is said to (they load instead
+    of compiling). ``why`` replaces the cache's words (e.g. ``"no compile cache"``)."""
+    if cache is None:
+        where = why or "no compile cache"
+        line = f"compiling about {programs} programs ({where})"
+    else:
+        folder = Path(cache)
+        held = len(list(folder.glob("*-cache"))) if folder.is_dir() else 0
+        shown = _home(folder)
+        if held:
+            line = (f"compiling up to about {programs} programs; compile cache: {shown} ({held} "
+                    "programs of earlier runs, which load instead of compiling)")
+        else:
+            line = f"compiling about {programs} programs (cached for next time in {shown})"
+    print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+
+def _home(path: Path) -> str:
+    """``path`` with the home folder written ``~``."""
+    try:
+        return "~/" + path.absolute().relative_to(Path.home()).as_posix()
+    except (ValueError, RuntimeError):
+        return str(path)
+
+
 @contextlib.contextmanager
 def _released(args: argparse.Namespace) -> Iterator[None]:
     try:
@@ -459,7 +527,9 @@ def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int
             args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs a command's handler and maps what happens to the exit codes: its return value (0 or
     1); :class:`UsageError` -> ``SystemExit(2)`` with ``svflow <command>: error: <message>`` on
-    stderr (as argparse's own errors); any other exception -> 3, a one-line message on stderr
+    stderr (as argparse's own errors; an output folder the run created and left empty is
+    removed); Ctrl-C -> 130 and one line on stderr (:class:`Interrupted`'s message, else
+    ``interrupted``), no traceback; any other exception -> 3, a one-line message on stderr
     and the traceback in ``error.log`` of the output folder (when one was prepared). A
     ``--cache-dir`` is checked first (a writable folder, or one that can be created)."""
     with _released(args):
@@ -468,9 +538,16 @@ def execute(handler: Callable[[argparse.Namespace, argparse.ArgumentParser], int
                 check_writable_folder(Path(args.cache_dir), "--cache-dir")
             return handler(args, parser)
         except UsageError as error:
+            folder = getattr(args, "out_folder", None)
+            if isinstance(folder, OutputFolder):
+                folder.discard()
             print(f"{parser.prog}: error: {error}", file=sys.stderr)
             raise SystemExit(EXIT_USAGE) from None
-        except (KeyboardInterrupt, SystemExit):
+        except KeyboardInterrupt as interrupt:
+            words = str(interrupt) if isinstance(interrupt, Interrupted) else "interrupted"
+            print(f"{parser.prog}: {words}", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+        except SystemExit:
             raise
         except Exception as error:  # noqa: BLE001 - every other failure is an internal error
             where = _log_error(args)

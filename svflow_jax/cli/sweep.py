@@ -1,6 +1,8 @@
 """``svflow sweep``: a step-size sweep of chosen methods of the solver catalogue (or of a
 user's, named ``package.module:Attr``), one JSON per method in ``--out`` so that an
-interrupted sweep resumes."""
+interrupted sweep resumes; then ``convergence.png`` (error against step size, log-log, the
+fitted orders in the legend) and ``report.md`` (a verdict line per method, then the table:
+:func:`svflow_jax.claims.report.write_sweep`)."""
 
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ def _slug(name: str) -> str:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    options = flow_options(args)
-    specs = resolve_methods(args.methods, "--methods")
+    from .catalog import check_methods
+
+    options = flow_options(args)  # every check before JAX is imported
+    check_methods(args.methods, "--methods")
     if args.num_sizes is not None and args.num_sizes < 3:
         raise runtime.UsageError("--num-sizes must be >= 3 to fit an order")
     if args.steps:
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = Path(args.out or runtime.default_out("sweep"))
     config = {k: v for k, v in vars(args).items()
               if k not in ("run", "no_progress", "out", "no_compile_cache", "cache_dir",
-                           "overwrite", "out_folder")}
+                           "overwrite", "out_folder", "argv")}
     args.out_folder = runtime.prepare_out(out, "sweep", overwrite=args.overwrite, resumable=True)
     config_path = out / "config.json"  # (an earlier sweep's: prepare_out refuses any other)
     if config_path.is_file():
@@ -71,35 +75,52 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if earlier != config:
             raise runtime.UsageError(f"--out {out}: it holds a sweep with another configuration; "
                                      "choose another --out")
+    specs = resolve_methods(args.methods, "--methods")  # imports JAX (and a user's module)
     write_json(config_path, config)
     cache = runtime.setup_jax(args)
+    todo = [s.name for s in specs if not (out / f"{_slug(s.name)}.json").exists()]
+    if todo:  # measured: the problem and its reference 6 programs, each method's sweep 2
+        runtime.announce_compiling(parser.prog, 6 + 2 * len(todo), cache)
     from tqdm import tqdm
 
     from ..claims import Context, solver_sweep
+    from ..claims.report import write_sweep
     from ..environment import environment
     from ..reporting import fmt, verdict
 
     ctx = Context(options)
     rows = []
-    for spec in tqdm(specs, desc="svflow sweep", unit="method", disable=args.no_progress):
-        path = out / f"{_slug(spec.name)}.json"
-        if path.exists():  # resume: this method is done (unless its file is damaged)
-            try:
-                rows.append(json.loads(path.read_text()))
-                continue
-            except ValueError:
-                path.unlink()
-        evidence = solver_sweep(ctx, spec, tuple(args.steps) if args.steps else None,
-                                args.num_sizes)
-        row = {"passed": evidence.passed, "tolerance": evidence.tolerance,
-               **evidence.figures, "points": evidence.rows, "environment": environment()}
-        write_json(path, row)  # atomic: a kill leaves no half-written file to resume from
-        rows.append(row)
+    try:
+        for spec in tqdm(specs, desc="svflow sweep", unit="method", disable=args.no_progress):
+            rows.append(_sweep(ctx, spec, out / f"{_slug(spec.name)}.json", args,
+                               solver_sweep, environment))
+    except KeyboardInterrupt:
+        raise runtime.Interrupted(
+            f"interrupted after {len(rows)} of {len(specs)} methods (their results are kept "
+            f"in {out}); resume with: {runtime.command_line(args, out)}") from None
+    write_sweep(out, rows)
     args.out_folder.finish()
     for r in rows:
         lo, hi = r["order_ci"]
         print(f"{r['solver']:<24} expected {r['expected_order']}  fitted "
               f"{fmt(r['fitted_order'])}  95% [{fmt(lo)}, {fmt(hi)}]  {r['fit_points']} "
               f"points  {verdict(r['passed'])}")
-    print(f"results in {out}" + (f" (compilation cache: {cache})" if cache else ""))
+    print(f"report: {out / 'report.md'}, figure: {out / 'convergence.png'}"
+          + (f" (compilation cache: {cache})" if cache else ""))
     return runtime.EXIT_OK if all(r["passed"] is True for r in rows) else runtime.EXIT_FAILED
+
+
+def _sweep(ctx, spec, path: Path, args: argparse.Namespace, solver_sweep, environment) -> dict:
+    """One method's row: read from its JSON file when an earlier run wrote it (resume), else
+    measured and written (atomically: a kill leaves no half-written file to resume from)."""
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:  # damaged: measured again
+            path.unlink()
+    evidence = solver_sweep(ctx, spec, tuple(args.steps) if args.steps else None,
+                            args.num_sizes)
+    row = {"passed": evidence.passed, "tolerance": evidence.tolerance,
+           **evidence.figures, "points": evidence.rows, "environment": environment()}
+    write_json(path, row)
+    return row

@@ -110,6 +110,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_run_options(p, "train-<method>", cache=False)
     p.add_argument("--list-methods", action="store_true",
                    help="list the methods of the solver catalogue and exit")
+    p.add_argument("--json", action="store_true",
+                   help="end on final.json's content as one JSON line (for scripts) instead "
+                   "of the one-line summary")
     p.set_defaults(run=run)
     return p
 
@@ -140,14 +143,7 @@ def config_from_args(args: argparse.Namespace):
 
 def _read_config(path: Path, config_class):
     """The ``TrainConfig`` of a ``config.json``; ``UsageError`` naming the file and the field."""
-    text = runtime.read_text_file(path, "--config")
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise runtime.UsageError(f"--config {path}: not JSON ({err})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        raise runtime.UsageError(f"--config {path}: not the config.json of a training run (an "
-                                 "object with a \"model\" object)")
+    data = _config_json(path)
     fields = {f.name for f in dataclasses.fields(config_class)}
     from svflow_jax.designs import DesignConfig
 
@@ -204,17 +200,108 @@ def check_sizes(config) -> None:
                          f"{blocks} blocks per step, batch {config.batch_size} x {m.context})")
 
 
+def _config_json(path: Path) -> dict:
+    """The object of a ``config.json`` (``--config``), read without JAX; ``UsageError``
+    naming the file when it is not JSON or not a training run's configuration."""
+    text = runtime.read_text_file(path, "--config")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise runtime.UsageError(f"--config {path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise runtime.UsageError(f"--config {path}: not the config.json of a training run (an "
+                                 "object with a \"model\" object)")
+    return data
+
+
+def _planned(args: argparse.Namespace) -> argparse.Namespace | None:
+    """The run the options ask for, from the recipes, ``--config`` and the options as plain
+    values (no JAX): what :func:`check_sizes` and the pre-norm check read before the
+    :class:`~svflow_jax.training.TrainConfig` is built. ``None`` when a value of ``--config``
+    is not of its type (the config's own check names it)."""
+    from ..training.recipes import BASELINE, MODEL, RECALL, RECALL_MODEL
+
+    task = args.task or "austen"
+    model, train = dict(MODEL), dict(BASELINE)
+    if task != "austen":
+        model, train = dict(RECALL_MODEL), dict(RECALL, task=task)
+    train.update(extra_depths=(), random_depths=())
+    if args.config is not None:
+        data = _config_json(Path(args.config))
+        model, train = dict(data["model"]), {k: v for k, v in data.items() if k != "model"}
+    model.update({k: getattr(args, k) for k in _MODEL_FIELDS if getattr(args, k) is not None})
+    train.update({k: getattr(args, k) for k in _TRAIN_FIELDS if getattr(args, k) is not None})
+    try:
+        return argparse.Namespace(**{**train, "extra_depths": tuple(train["extra_depths"]),
+                                     "random_depths": tuple(train["random_depths"])},
+                                  model=argparse.Namespace(**model))
+    except (KeyError, TypeError):
+        return None
+
+
+def _check_planned(args: argparse.Namespace) -> None:
+    """The checks of the planned run that need no JAX: sizes (:func:`check_sizes`), a
+    catalogue method without a pre-norm form in a pre-norm stack, and a text too short for
+    one window."""
+    from ..training.tasks import get_task
+    from .catalog import has_prenorm_form
+
+    planned = _planned(args)
+    if planned is None:
+        return
+    try:
+        check_sizes(planned)
+        task = get_task(planned.task, planned.model.context)
+    except (TypeError, AttributeError, ValueError):  # a value of --config: named later
+        return
+    design, norm = planned.model.design, getattr(planned.model, "norm_position", None)
+    if norm == "pre" and has_prenorm_form(design) is False:
+        message = (f"design {design!r} has no pre-norm form (its steps are rotations or "
+                   "geodesics on the sphere); use norm_position='post'")
+        if args.norm_position is None:
+            message += " (svflow train is pre-norm by default: add --norm post)"
+        raise runtime.UsageError(message)
+    if hasattr(task, "check_text"):  # a text task: one window of each split at least
+        try:
+            task.check_text()  # pyright: ignore[reportAttributeAccessIssue]
+        except ValueError as err:
+            raise runtime.UsageError(str(err)) from None
+
+
+def _latest_checkpoint(out: Path) -> int | None:
+    """The step of the latest finished checkpoint in ``out/checkpoints`` (orbax names each
+    finished one by its step), or ``None``."""
+    folder = out / "checkpoints"
+    steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] \
+        if folder.is_dir() else []
+    return max(steps, default=None)
+
+
+#: XLA programs of a training run on an empty cache: the model's initialisation (one small
+#: program per operation), the training step and the validation; measured on the CPU, 42 for
+#: the recipe and for the tests' tiny model alike
+PROGRAMS = 42
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The handler: validate (exit 2 on bad options), train, write ``final.json``."""
-    from ..solvers import catalogue
+    """The handler: validate (exit 2 on bad options; every check before JAX is imported but
+    those of a user's ``--method`` module and the config's own), train, write ``final.json``
+    and ``loss.png``, and say in one line how it went."""
+    from .catalog import check_methods, method_lines
 
     if args.list_methods:
-        for m in catalogue.methods():
-            forms = "post- and pre-norm" if m.ambient is not None else "post-norm only"
-            print(f"{m.name:18s} order {m.order}, {m.block} block, {forms}: {m.description}")
+        print("\n".join(method_lines()))
         return runtime.EXIT_OK
     if args.config is not None and not Path(args.config).is_file():
         raise runtime.UsageError(f"--config: no such file {args.config}")
+    if args.design is not None:
+        check_methods([args.design], "--method")
+    _check_planned(args)
+    design = "".join(ch if ch.isalnum() or ch in "-_" else "_"
+                     for ch in str(args.design or _default_design(args)))
+    out = Path(args.out or runtime.default_out("train", design))
+    args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
+    # JAX from here: a user's --method module, the configuration's own checks, the training
     if args.design is not None:
         resolve_methods([args.design], "--method")
     try:
@@ -226,17 +313,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             message += " (svflow train is pre-norm by default: add --norm post)"
         raise runtime.UsageError(message) from None
     check_sizes(config)
-    from ..training.tasks import get_task
-
-    task = get_task(config.task, config.model.context)
-    if hasattr(task, "check_text"):  # a text task: one window of each split at least
-        try:
-            task.check_text()  # pyright: ignore[reportAttributeAccessIssue]
-        except ValueError as err:
-            raise runtime.UsageError(str(err)) from None
-    design = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(config.model.design))
-    out = Path(args.out or runtime.default_out("train", design))
-    args.out_folder = runtime.prepare_out(out, "train", overwrite=args.overwrite, resumable=True)
+    programs = PROGRAMS + len(config.extra_depths) + len(config.random_depths)
+    runtime.announce_compiling(parser.prog, programs, _cache_in_force(),
+                               "no compile cache: set $JAX_COMPILATION_CACHE_DIR to keep them")
     from ..environment import environment
     from ..reporting import dumps, write_json
     from ..training.loop import TrainingDiverged
@@ -252,9 +331,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "design": config.model.design, "task": config.task, "steps": config.steps,
             "diverged_at": err.step, "loss": err.loss, "stopped": str(err),
             "environment": environment()})
+        _figure(out)
         args.out_folder.finish()
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return runtime.EXIT_FAILED
+    except KeyboardInterrupt as err:
+        step = getattr(err, "step", None)
+        latest = _latest_checkpoint(out)
+        where = f"at step {step}" if step is not None else "before the first step"
+        saved = (f"last checkpoint step {latest}" if latest is not None
+                 else "no checkpoint yet (a rerun starts at step 0)")
+        raise runtime.Interrupted(f"interrupted {where}; {saved}; resume with: "
+                                  f"{runtime.command_line(args, out)}") from None
     summary = {"design": config.model.design, "task": config.task, "steps": config.steps,
                "seconds": result.seconds, "resumed_from": result.resumed_from, **result.final,
                "environment": environment()}
@@ -263,10 +351,46 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if diverged:  # written as null (strict JSON), and said why
         summary["not_finite"] = diverged
     write_json(out / "final.json", summary)
+    rows = _figure(out)
     args.out_folder.finish()
-    print(dumps(summary))
+    if args.json:
+        print(dumps(summary))
+    else:
+        from ..training.report import summary_line
+
+        print(summary_line(rows, config.steps, result.seconds, str(out),
+                           result.resumed_from))
     if diverged:
         print(f"{parser.prog}: the run diverged: {', '.join(diverged)} not finite (try a "
               "smaller --lr or --duration)", file=sys.stderr)
         return runtime.EXIT_FAILED
     return runtime.EXIT_OK
+
+
+def _figure(out: Path) -> list[dict]:
+    """``loss.png`` from every row of ``metrics.jsonl`` (a resumed run's too); the rows."""
+    from ..atomic import read_jsonl
+    from ..training.report import loss_figure
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    loss_figure(out / "loss.png", rows)
+    return rows
+
+
+def _default_design(args: argparse.Namespace) -> str:
+    """The design of the run without JAX: ``--config``'s, else the recipe's."""
+    from ..training.recipes import MODEL
+
+    if args.config is not None:
+        design = _config_json(Path(args.config))["model"].get("design")
+        if isinstance(design, str):
+            return design
+    return MODEL["design"]
+
+
+def _cache_in_force() -> str | None:
+    """JAX's persistent compilation cache folder, when one is set (``svflow train`` opens
+    none of its own: ``$JAX_COMPILATION_CACHE_DIR``)."""
+    import jax
+
+    return getattr(jax.config, "jax_compilation_cache_dir", None) or None

@@ -6,6 +6,7 @@
                    of :mod:`svflow_jax.flow.diagnostics`.
 * :mod:`.stats`    ranks, Spearman's rho, equal-mass ECE, bootstrap over windows and
                    documents, permutation tests.
+* :mod:`.config`   the options (:class:`StudyConfig`), without JAX: checked before it loads.
 * :mod:`.study`    the prefix-shuffling study, its analysis, the attention-scaling experiment,
                    :func:`diagnose`.
 * :mod:`.output`   ``summary.json``, CSV tables, figures and ``report.md`` from a summary.

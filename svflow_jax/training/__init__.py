@@ -5,6 +5,7 @@
 * :mod:`.loop`: the project's one training loop :func:`fit` (a model, a loss, a data stream,
   an optax optimiser; jitted step, data-parallel sharding, orbax checkpoints with exact resume,
   append-only metrics, a stop at the first non-finite loss) and :func:`optimizer`.
+* :mod:`.report`: what a run shows at its end, ``loss.png`` and a one-line summary.
 * :mod:`.trainer`: :func:`train` (a layer design on a task, through :func:`fit`) and
   :func:`evaluate`.
 * the ``svflow train`` subcommand is :mod:`svflow_jax.cli.train`.
@@ -14,7 +15,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names are, for readers and the API docs
-    from .loop import AdamW, FitResult, StepInfo, TrainingDiverged, fit, optimizer
+    from .loop import (
+        AdamW,
+        FitResult,
+        StepInfo,
+        TrainingDiverged,
+        TrainingInterrupted,
+        fit,
+        optimizer,
+    )
     from .tasks import AustenBytes, MultiHopRecall, get_task
     from .trainer import (
         TrainConfig,
@@ -30,11 +39,12 @@ _MODULES = {
     ".tasks": ["AustenBytes", "MultiHopRecall", "get_task"],
     ".trainer": ["TrainConfig", "TrainResult", "train", "evaluate", "loss_and_count",
                  "make_optimizer", "lm_loss"],
-    ".loop": ["fit", "optimizer", "AdamW", "FitResult", "StepInfo", "TrainingDiverged"],
+    ".loop": ["fit", "optimizer", "AdamW", "FitResult", "StepInfo", "TrainingDiverged",
+              "TrainingInterrupted"],
 }
 __all__ = ["AustenBytes", "MultiHopRecall", "get_task", "TrainConfig", "TrainResult", "train",
            "evaluate", "loss_and_count", "make_optimizer", "lm_loss", "fit", "optimizer",
-           "AdamW", "FitResult", "StepInfo", "TrainingDiverged"]
+           "AdamW", "FitResult", "StepInfo", "TrainingDiverged", "TrainingInterrupted"]
 
 # Loaded on first use (PEP 562), so that other subcommands do not import optax and orbax just
 # to list ``svflow train``'s options.

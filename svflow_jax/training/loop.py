@@ -42,10 +42,13 @@ after it, so the latest checkpoint holds finite weights.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -64,7 +67,7 @@ from svflow_jax import atomic
 from svflow_jax.reporting import write_csv
 
 __all__ = ["AdamW", "optimizer", "train_step", "placed", "put_batch", "fit", "FitResult",
-           "StepInfo", "TrainingDiverged"]
+           "StepInfo", "TrainingDiverged", "TrainingInterrupted"]
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=[], data_fields=[
@@ -150,6 +153,54 @@ class TrainingDiverged(RuntimeError):
         super().__init__(f"the training loss is {loss} at step {step}: the run diverged "
                          "(a smaller --lr or a shorter --duration may help); stopped there, "
                          "the latest checkpoint is from before it")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`fit`: ``step`` is the last optimiser step done. A checkpoint
+    being written was finished first; steps after the latest checkpoint are done again by a
+    resumed run (their metrics rows are dropped then)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"interrupted at step {step}")
+
+
+class _Deferred:
+    """Ctrl-C (SIGINT) held back while a checkpoint or a metrics row is written: raised as
+    ``KeyboardInterrupt`` when the write is done, so that an interrupt never lands inside
+    orbax's save (which logs a traceback of it) or half-way through a file. Elsewhere it is
+    raised at once, as Python's own handler does. Installed only from the main thread, over
+    Python's default handler (a caller's own handler is left alone)."""
+
+    def __init__(self) -> None:
+        self.inside = self.pending = False
+        self.installed = (threading.current_thread() is threading.main_thread()
+                          and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+        if self.installed:
+            signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        if self.inside:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def section(self, *, hold: bool = False):
+        """Defers Ctrl-C inside the block; raises it after (``hold``: forgets it)."""
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+            if self.pending and not hold:
+                self.pending = False
+                raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.installed = False
 
 
 @dataclasses.dataclass
@@ -279,11 +330,14 @@ def fit(
         devices: the devices to shard the batch over (default: all).
         fingerprint: recorded in ``out/run.json`` beside the device count, compared at resume.
         on_mismatch: ``"refuse"`` (``ValueError``) or ``"warn"`` when ``run.json`` differs.
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar from step 0 (``compiling...`` until the first
+            step is done), with the loss and the latest validation figures of the logged rows
+            (their ``val_*`` keys).
         description: the progress bar's label.
 
     Raises:
         TrainingDiverged: at the first non-finite loss.
+        TrainingInterrupted: on Ctrl-C, with the last step done.
     """
     import orbax.checkpoint as ocp
     from tqdm.auto import tqdm
@@ -316,7 +370,11 @@ def fit(
     end = steps if stop_after is None else min(stop_after, steps)
     bar = tqdm(range(start, end), desc=description, disable=not progress, initial=start,
                total=steps)
+    bar.set_postfix_str("compiling the training step...")
+    shown: dict[str, str] = {}
     t_start = time.perf_counter() - elapsed
+    completed = start
+    deferred = _Deferred()
     try:
         for step in bar:
             batch = data(step)
@@ -327,6 +385,9 @@ def fit(
                 graphdef, loss_fn, step_tx, params, rest, opt_state, put_batch(batch, mesh))
             done = step + 1
             value = float(loss)
+            completed = done
+            if done == start + 1:  # compiled
+                bar.set_postfix_str("", refresh=False)
             if not math.isfinite(value):
                 if out is not None:
                     row = {"step": done, "loss": value,
@@ -341,18 +402,29 @@ def fit(
                 if row is not None:
                     row = {"step": done, **row}
                     history.append(row)
-                    bar.set_postfix(loss=f"{value:.3f}")
+                    shown["loss"] = f"{value:.3f}"
+                    shown.update({k: f"{v:.4g}" for k, v in row.items()
+                                  if k.startswith("val_") and isinstance(v, (int, float))})
+                    bar.set_postfix(shown)
                     if out is not None:
-                        _append_row(out, row, history)
+                        with deferred.section():
+                            _append_row(out, row, history)
             if manager is not None and (done == end or (
                     checkpoint_every and done % checkpoint_every == 0)):
-                manager.save(done, args=ocp.args.StandardSave({
-                    "params": params, "opt_state": opt_state,
-                    "elapsed": jnp.asarray(time.perf_counter() - t_start)}))
+                with deferred.section():
+                    manager.save(done, args=ocp.args.StandardSave({
+                        "params": params, "opt_state": opt_state,
+                        "elapsed": jnp.asarray(time.perf_counter() - t_start)}))
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(completed) from None
     finally:
         bar.close()
-        if manager is not None:
-            manager.wait_until_finished()
-            manager.close()
+        try:
+            if manager is not None:  # a save under way is finished, even after a Ctrl-C
+                with deferred.section(hold=True):
+                    manager.wait_until_finished()
+                    manager.close()
+        finally:
+            deferred.restore()
     return FitResult(nnx.merge(graphdef, params, rest), history, resumed_from,
                      time.perf_counter() - t_start)
