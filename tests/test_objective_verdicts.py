@@ -145,6 +145,24 @@ def test_each_coefficient_is_decided_and_counted():
     assert v["popkl_as_switch"]["passing_coefs"] == []
 
 
+def test_an_undecided_coefficient_leaves_the_verdict_undecided():
+    """No coefficient passes, one failed and one undecided (run at one seed): the verdict is
+    undecided (None), not "not reproduced", since the undecided one might pass."""
+    script = _script()
+    arms = [a for a in ARMS if a[2] not in ("popkl", "jvar")] + [
+        ("moe", 2, method, coef, 0.5, 2.0, 0.6, False)
+        for method in ("popkl", "jvar") for coef in (0.01, 0.1)]
+    runs = [r for r in _runs(5, 0.01, arms=arms)
+            if r["config"]["coef"] != 0.1 or r["config"]["seed"] == 0
+            or r["config"]["method"] not in ("popkl", "jvar")]
+    v = script.verdicts(runs, [1, 2])
+    for key in ("popkl_as_switch", "jvar_as_switch"):
+        assert v[key]["passing_coefs"] == [] and v[key]["reproduced"] is None, key
+    decided = [r for r in runs if r["config"]["coef"] != 0.1
+               or r["config"]["method"] not in ("popkl", "jvar")]
+    assert script.verdicts(decided, [1, 2])["popkl_as_switch"]["reproduced"] is False
+
+
 def test_the_coupling_control_is_decided_paired_by_seed():
     """The stop-gradient control's verdict is the paired (control - plain) attention entropy's
     upper bound; a control whose entropy is higher is not reproduced, and one whose mean is

@@ -109,6 +109,16 @@ def test_fit_window_bounds_are_inclusive_and_each_excludes():
     assert measure.fit_window(h, [math.nan, *e[1:]])["fit_points"] == 8
 
 
+def test_fit_window_step_limit_allows_a_relative_round_off_of_1e_12_and_no_more():
+    """``h <= max_step`` up to ``1e-12`` relative (``T / N`` and ``T / MIN_STEPS_IN_FIT``
+    rounded differently): a step that much above the limit is in, ``1e-11`` above is out."""
+    limit = 1 / 8
+    h = np.array([1 / 64, 1 / 32, 1 / 16, limit * (1 + 1e-12)])
+    assert measure.fit_window(h, 1e-3 * h, max_step=limit)["in_fit"] == [True] * 4
+    h[-1] = limit * (1 + 1e-11)
+    assert measure.fit_window(h, 1e-3 * h, max_step=limit)["in_fit"] == [True] * 3 + [False]
+
+
 def test_fit_window_fits_from_three_points_and_not_two():
     h = np.array([0.04, 0.02, 0.01])
     three = measure.fit_window(h, 1e-3 * h**2)
@@ -451,7 +461,8 @@ def test_ellipsoid_residual_at_tolerance_and_sphere_residual_above_the_floor(mon
     for i in range(3):
         rows = [(tol, _after(floor))] * 3
         rows[i] = (_after(tol), _after(floor))
-        assert _ellipsoid(monkeypatch, options, rows).passed is False
+        beyond = _ellipsoid(monkeypatch, options, rows)
+        assert beyond.passed is False and beyond.figures["ellipsoid_residual"] == _after(tol)
         rows[i] = (tol, floor)
         result = _ellipsoid(monkeypatch, options, rows)
         assert result.passed is False and result.figures["sphere_residual"] == floor
@@ -850,6 +861,10 @@ def test_equal_compute_steps_needs_a_whole_number_of_blocks(monkeypatch):
         with pytest.raises(ValueError):
             compare.equal_compute_steps(["one", "two"], budget)
     assert compare.equal_compute_steps(["two"], 9 + 1e-12) == {"two": 4}  # round-off
+    # a whole number of blocks up to 1e-9 (round-off of the budget), and no further
+    assert compare.equal_compute_steps(["one"], 9 + 5e-10) == {"one": 9}
+    with pytest.raises(ValueError):
+        compare.equal_compute_steps(["one"], 9 + 2e-9)
 
 
 def test_a_paired_difference_is_better_worse_or_unresolved_at_the_bonferroni_level():
