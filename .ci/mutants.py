@@ -124,7 +124,8 @@ _DIAGNOSE_FAST = [_DIAGNOSE + name for name in (
     "documents_allow_a_claim_only_when_their_smallest_p_is_below_the_bound",
     "depth_uses_thirds_of_the_layers_at_least_one",
     "headline_depth_and_scaling_verdicts_at_their_boundaries",
-    "the_headline_bonferroni_m_counts_the_svflow_metrics_only")]
+    "the_headline_bonferroni_m_counts_the_svflow_metrics_only",
+    "across_models_with_one_tested_metric_is_not_corrected")]
 _ALPHA = "tests/test_alpha_sweep.py::test_"
 _ALPHA_FAST = [_ALPHA + name for name in (
     "sweep_figures_read_the_argmin_and_the_rankings",

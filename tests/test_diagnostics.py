@@ -1186,3 +1186,16 @@ def test_the_headline_bonferroni_m_counts_the_svflow_metrics_only():
     assert verdicts(0.001, p3=0.5)["entropy"] == "reproduced"  # no controls: p3 unread
     assert verdicts(0.001, ["unigram_surprisal"], p3=0.5)["entropy"] == \
         "not reproduced (not beyond the control)"
+
+
+def test_across_models_with_one_tested_metric_is_not_corrected():
+    """One tested metric: m = 1, the bound is alpha itself and the Bonferroni interval the 95%
+    one (from ``bonferroni_resamples(0.05, 1)`` resamples: 40 beyond each end)."""
+    from svflow_jax.diagnose.study import across_models
+
+    datas, cfg = _population({"entropy": lambda nll, i, rng: nll + 0.6 * rng.normal(
+        size=nll.shape)}, M=5, D=6, per=2)
+    out = across_models(datas, cfg)
+    assert out["tested"] == 1 and out["bootstrap"] == stats.bonferroni_resamples(0.05, 1)
+    level = out["rho"]["entropy"]["level"]
+    assert level["ci_bonferroni"] == pytest.approx(level["ci"], abs=1e-12)

@@ -425,6 +425,15 @@ def test_round_trip_is_bit_identical_except_the_rescaled_arrays(monkeypatch):
     beyond = _round_trip(monkeypatch, nudged("wq", 2.0, rescaled))
     assert beyond.passed is False and 0 < beyond.figures["not_identical"] < variants
     assert _round_trip(monkeypatch, nudged("bq", 2.0)).figures["not_identical"] == variants
+
+    def one_element(config, params):  # one element of a bias beyond eps |w|, the rest exact
+        back = dict(params)
+        a = params["bq"].copy()
+        a[1] += 2.0 * np.finfo(a.dtype).eps * abs(a[1])
+        back["bq"] = a
+        return back
+
+    assert _round_trip(monkeypatch, one_element).figures["not_identical"] == variants
     # an array to_flow does not rescale, or a rescaled one where nothing is folded: bit-exact
     post = lambda c: c.norm_position == "post"  # noqa: E731
     assert _round_trip(monkeypatch, nudged("wo", 1.0, rescaled)).passed is False
