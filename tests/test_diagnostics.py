@@ -1059,6 +1059,7 @@ def test_one_sided_p_counts_a_tie_to_1e_12_and_no_further():
     obs = 0.5
     assert stats.one_sided_p(obs, np.array([obs - 0.5e-12]), +1) == pytest.approx(2 / 2)
     assert stats.one_sided_p(obs, np.array([obs - 2e-12]), +1) == pytest.approx(1 / 2)
+    assert stats.one_sided_p(obs, np.array([obs - 1e-12]), +1) == pytest.approx(2 / 2)  # closed
     assert stats.one_sided_p(-obs, np.array([-obs + 0.5e-12]), -1) == pytest.approx(2 / 2)
     assert stats.one_sided_p(-obs, np.array([-obs + 2e-12]), -1) == pytest.approx(1 / 2)
     assert stats.one_sided_p(obs, np.array([math.nan, obs]), +1) == pytest.approx(2 / 3)
