@@ -68,7 +68,21 @@ TARGETS: dict[str, list[str]] = {
     "experiments/objective_moe.py": [
         "ALPHA", "MARGIN", "ATTENTION_FLOOR", "decision", "decide", "_verdict", "verdicts"],
     "svflow_jax/reporting.py": ["verdict"],
-    "svflow_jax/training/compare.py": ["interval", "equal_compute_steps"],
+    "svflow_jax/training/compare.py": ["interval", "equal_compute_steps", "ORDER_BAND",
+                                       "order_regime"],
+    "svflow_jax/diagnose/stats.py": [
+        "percentile_interval", "bonferroni_resamples", "_check_test", "one_sided_p",
+        "spearman_permutation_p", "spearman_exact_p", "smallest_p",
+        "level_controlled_spearman[joint,null_s,null_p,null_c,controlled_p]"],
+    "svflow_jax/diagnose/output.py": [
+        "_tested", "_controlled", "_verdict", "former_verdict", "tracks_perplexity",
+        "headline[lo,ok,growth,oc_up,top,m,controls]"],
+    "svflow_jax/diagnose/study.py": [
+        "population_verdict", "_design[bound,document_claims_possible]",
+        "across_models[bound,resamples]", "_thirds"],
+    "svflow_jax/inspection/alpha_sweep.py": [
+        "LEVEL", "window_interval", "_loss_row", "_top", "sweep_figures"],
+    "experiments/power.py": ["holm"],
 }
 
 # module -> the fast tests (files or node ids) that must fail on its mutants
@@ -81,6 +95,42 @@ _CLAIMS_FAST = [
     "tests/test_claims.py::test_fit_window_keeps_only_the_asymptotic_points",
     "tests/test_claims.py::test_matmul_unit_roundoff_rule",
 ]
+_DIAGNOSE = "tests/test_diagnostics.py::test_"
+_DIAGNOSE_FAST = [_DIAGNOSE + name for name in (
+    "spearman_and_ranks_match_scipy_with_ties", "bootstrap_is_deterministic_by_seed",
+    "cluster_bootstrap_draws_whole_documents",
+    "across_models_verdicts_null_monotone_and_wrong_sign",
+    "across_models_null_is_rarely_reproduced",
+    "permutation_p_of_spearman_matches_scipy_exact_test",
+    "level_controlled_statistics_match_scipy",
+    "level_controlled_p_values_are_calibrated_under_the_null",
+    "a_metric_of_the_level_alone_is_not_reproduced",
+    "design_null_is_calibrated_under_window_effects_and_the_former_is_not",
+    "document_null_is_calibrated_under_document_effects",
+    "controlled_rho_is_calibrated_when_the_control_explains_both",
+    "design_permutations_move_windows_and_whole_documents",
+    "level_controlled_p_values_by_brute_force",
+    "one_sided_p_counts_ties_the_observed_draw_and_the_direction",
+    "exact_spearman_p_over_six_units", "percentile_interval_level_and_resamples_for_bonferroni",
+    "bonferroni_interval_covers_at_its_level", "pass_rule_at_the_bonferroni_bound",
+    "pass_rule_needs_the_expected_sign", "verdict_names_and_the_former_rule",
+    "population_verdict_at_its_boundaries", "metric_records_fix_the_comparisons",
+    "controls_decide_what_a_metric_adds",
+    "across_models_bonferroni_interval_level_and_resamples",
+    "permutation_tests_take_three_units_and_the_exact_one_at_most_eight",
+    "one_sided_p_counts_a_tie_to_1e_12_and_no_further",
+    "bonferroni_resamples_rounds_up_beyond_1e_9_and_checks_its_arguments",
+    "percentile_interval_default_level_and_no_finite_sample",
+    "documents_allow_a_claim_only_when_their_smallest_p_is_below_the_bound",
+    "depth_uses_thirds_of_the_layers_at_least_one",
+    "headline_depth_and_scaling_verdicts_at_their_boundaries",
+    "the_headline_bonferroni_m_counts_the_svflow_metrics_only",
+    "across_models_with_one_tested_metric_is_not_corrected")]
+_ALPHA = "tests/test_alpha_sweep.py::test_"
+_ALPHA_FAST = [_ALPHA + name for name in (
+    "sweep_figures_read_the_argmin_and_the_rankings",
+    "window_interval_is_the_two_sided_t_interval_at_95_percent",
+    "a_loss_row_pairs_the_windows", "sweep_figures_at_their_boundaries", "profiles")]
 TESTS: dict[str, list[str]] = {
     "svflow_jax/claims/core.py": _CLAIMS_FAST,
     "svflow_jax/claims/measure.py": _CLAIMS_FAST,
@@ -92,7 +142,13 @@ TESTS: dict[str, list[str]] = {
     "svflow_jax/objective/mechanism.py": [_BOUNDARIES],
     "experiments/objective_moe.py": ["tests/test_objective_verdicts.py"],
     "svflow_jax/reporting.py": [_BOUNDARIES],
-    "svflow_jax/training/compare.py": [_BOUNDARIES, "tests/test_fitting.py"],
+    "svflow_jax/training/compare.py": [_BOUNDARIES, "tests/test_fitting.py",
+                                       "tests/test_convergence.py"],
+    "svflow_jax/diagnose/stats.py": _DIAGNOSE_FAST,
+    "svflow_jax/diagnose/output.py": _DIAGNOSE_FAST,
+    "svflow_jax/diagnose/study.py": _DIAGNOSE_FAST,
+    "svflow_jax/inspection/alpha_sweep.py": _ALPHA_FAST,
+    "experiments/power.py": ["tests/test_power.py::test_holm_on_both_sides_of_its_thresholds"],
 }
 
 _COMPARE = {ast.Lt: (ast.LtE, ast.GtE), ast.LtE: (ast.Lt, ast.Gt), ast.Gt: (ast.GtE, ast.LtE),
@@ -333,7 +389,7 @@ def run_tests(command: Sequence[str], timeout: float, cwd: Path = ROOT) -> tuple
     exit: tests failed, or could not be collected: a node id not found because its module no
     longer imports exits 4), ``timeout``. The baseline run (:func:`main`) makes sure the command
     itself is right."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = _environment(cwd)
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -347,6 +403,21 @@ def run_tests(command: Sequence[str], timeout: float, cwd: Path = ROOT) -> tuple
         raise
     seconds = time.perf_counter() - start
     return ("survived" if code == 0 else "killed"), seconds
+
+
+def _environment(root: Path) -> dict[str, str]:
+    """The tests' environment: ``root`` first on ``PYTHONPATH`` (an editable install of
+    another checkout must not be what the tests import), no bytecode written."""
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=path)
+
+
+def imported_from(root: Path = ROOT) -> Path:
+    """Where the tests' interpreter imports ``svflow_jax`` from, in the tests' environment."""
+    out = subprocess.run([sys.executable, "-c", "import svflow_jax; print(svflow_jax.__file__)"],
+                         cwd=root, env=_environment(root), capture_output=True, text=True,
+                         check=True)
+    return Path(out.stdout.strip()).resolve()
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -392,6 +463,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         chosen = numbered
 
+    package = imported_from()
+    if not package.is_relative_to(ROOT):
+        print(f"the tests would import svflow_jax from {package}, not from {ROOT}: no mutant "
+              "run", file=sys.stderr)
+        return 2
     if not args.no_baseline:
         for module in dict.fromkeys(m.module for _, m in chosen):
             status, seconds = run_tests(pytest_command(TESTS[module]), args.timeout)

@@ -218,6 +218,79 @@ def test_sweep_figures_read_the_argmin_and_the_rankings():
     assert f["one_layer_changes_that_lower_the_loss"] == 1
 
 
+def test_window_interval_is_the_two_sided_t_interval_at_95_percent():
+    """``window_interval``'s default level is 95% and two-sided: SciPy's Student-t interval of
+    the mean with ``W - 1`` degrees of freedom and the standard error ``s / sqrt(W)``
+    (``ddof = 1``), from two windows on; one window has no interval."""
+    import scipy.stats
+
+    from svflow_jax.inspection.alpha_sweep import window_interval
+
+    for v in ([1.0, 2.0], [1.0, 2.0, 4.0, 7.0, 3.5]):
+        mean, low, high = window_interval(v)
+        lo, hi = scipy.stats.t.interval(0.95, len(v) - 1, loc=np.mean(v),
+                                        scale=scipy.stats.sem(v))
+        assert (mean, low, high) == pytest.approx((np.mean(v), lo, hi), rel=1e-12)
+        lo, hi = scipy.stats.t.interval(0.8, len(v) - 1, loc=np.mean(v),
+                                        scale=scipy.stats.sem(v))
+        assert window_interval(v, 0.8)[1:] == pytest.approx((lo, hi), rel=1e-12)
+    mean, low, high = window_interval([3.0])
+    assert mean == 3.0 and np.isnan(low) and np.isnan(high)
+
+
+def test_a_loss_row_pairs_the_windows():
+    """The change from the model's loss has the paired interval (the t-interval of the
+    per-window differences), not a difference of two intervals: a constant shift of every
+    window has a zero-width interval although the windows' losses spread widely."""
+    import scipy.stats
+
+    from svflow_jax.inspection.alpha_sweep import _loss_row
+
+    base = np.array([2.0, 3.0, 5.0, 4.0])
+    row = _loss_row(base + 0.25, base)
+    assert row["loss_change"] == pytest.approx(0.25)
+    assert row["loss_change_low"] == pytest.approx(0.25)
+    assert row["loss_change_high"] == pytest.approx(0.25)
+    lo, hi = scipy.stats.t.interval(0.95, 3, loc=np.mean(base + 0.25),
+                                    scale=scipy.stats.sem(base))
+    assert row["loss"] == pytest.approx(3.75)
+    assert row["perplexity"] == pytest.approx(np.exp(3.75))
+    assert (row["perplexity_low"], row["perplexity_high"]) == pytest.approx(
+        (np.exp(lo), np.exp(hi)))
+    noisy = _loss_row(base + np.array([0.1, -0.1, 0.3, -0.3]), base)
+    d = np.array([0.1, -0.1, 0.3, -0.3])
+    lo, hi = scipy.stats.t.interval(0.95, 3, loc=d.mean(), scale=scipy.stats.sem(d))
+    assert (noisy["loss_change_low"], noisy["loss_change_high"]) == pytest.approx((lo, hi))
+    assert noisy["loss_change_low"] < 0 < noisy["loss_change_high"]
+
+
+def test_sweep_figures_at_their_boundaries():
+    """Each scheme its own argmin; a one-layer change of exactly 0 does not lower the loss (a
+    tiny negative one does); the best profile is the argmin of its loss; two layers are
+    enough for the rank correlations, one is not; ties in importance rank the lower layer
+    first."""
+    rows = [{"kind": "global", "scheme": s, "alpha": a, "loss": (a - best) ** 2,
+             "perplexity": float(np.exp((a - best) ** 2))}
+            for s, best in (("euler/split", 1.5), ("rk4", 0.5)) for a in (0.5, 1.0, 1.5)]
+    rows += [{"kind": "layer", "layer": k, "alpha": a, "loss_change": c}
+             for k, a, c in ((1, 0.0, 0.0), (2, 0.0, -1e-300), (1, 1.5, 0.3), (2, 1.5, 0.3))]
+    rows += [{"kind": "derivative", "layer": k, "derivative": g} for k, g in ((1, 0.5),
+                                                                           (2, -0.5))]
+    rows += [{"kind": "profile", "slope": a, "loss": (a - 0.2) ** 2} for a in (-0.2, 0.2, 0.4)]
+    f = sweep_figures(rows)
+    assert f["best_alpha"] == {"euler/split": 1.5, "rk4": 0.5}
+    assert f["best_perplexity"] == {"euler/split": 1.0, "rk4": 1.0}
+    assert f["one_layer_changes_that_lower_the_loss"] == 1
+    assert f["best_profile_slope"] == 0.2
+    assert f["layers_that_matter_most"] == [1, 2]  # |0.3| both: the lower layer first
+    assert f["layers_by_removal"] == [2, 1] and f["layers_by_derivative"] == [1, 2]
+    assert f["spearman_derivative_removal"] == pytest.approx(-1.0)  # -g = (-0.5, 0.5)
+    assert f["spearman_importance"] != f["spearman_importance"]  # |g| constant: NaN
+    one = sweep_figures([r for r in rows if r.get("layer", 1) == 1])
+    assert "spearman_derivative_removal" not in one and one["layers_by_removal"] == [1]
+    assert "best_profile_slope" not in sweep_figures(rows[:3])
+
+
 def test_profiles():
     a = linear_profile(0.3, 5)
     np.testing.assert_allclose(a, [0.7, 0.85, 1.0, 1.15, 1.3], rtol=0, atol=1e-15)

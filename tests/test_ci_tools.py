@@ -184,4 +184,15 @@ def test_every_target_exists_and_has_tests():
     for module, tests in mutants.TESTS.items():
         assert (ROOT / module).is_file()
         assert all((ROOT / t.partition("::")[0]).is_file() for t in tests), module
+        for test in tests:  # a node id names a test of its file (a renamed one would be
+            path, _, name = test.partition("::")  # "killed" by pytest's exit 4 alone)
+            assert not name or f"def {name}(" in (ROOT / path).read_text(), test
     assert len(mutants.all_mutants(["reporting.py"])) >= 1
+
+
+def test_the_mutants_tests_import_this_checkout():
+    """The tests run with this checkout first on ``PYTHONPATH``: they import its package (the
+    one the mutants are written into), whatever an editable install points at."""
+    assert mutants.imported_from(ROOT).is_relative_to(ROOT.resolve())
+    env = mutants._environment(ROOT)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)

@@ -84,3 +84,11 @@ def test_the_report_states_the_order_regime_or_its_absence_and_marks_trained_dep
     assert "**3.300 ± 0.100**" in text or "**3.30" in text  # the trained depth in bold
     assert f"{100 * ORDER_BAND:.0f}%" in text
     assert not math.isnan(row["angle_at_N"][0])
+
+
+def test_order_regime_band_is_closed():
+    """A ratio exactly ``band`` away from ``2^p`` is inside (``|r / 2^p - 1| <= band``):
+    bands and ratios exact in binary, 2.5 / 2 - 1 = 0.25 and 3 / 4 - 1 = -0.25."""
+    assert order_regime([2.5], [4, 8, 16], 1, band=0.25) == 4
+    assert order_regime([3.0], [4, 8, 16], 2, band=0.25) == 4
+    assert order_regime([math.nextafter(2.5, 3)], [4, 8, 16], 1, band=0.25) is None

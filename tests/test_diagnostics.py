@@ -1146,3 +1146,180 @@ def test_across_models_with_strata_needs_tracking_beyond_the_strata():
     assert population_verdict(level, +1, bound) == "not reproduced"
     with pytest.raises(ValueError, match="one label per model"):
         across_models(datas, cfg, strata=strata[:-1])
+
+# --------------------------------------------------------------------------------------------
+# The remaining boundaries: units a test takes, the tie tolerance, the resample count's
+# rounding, the documents' smallest p against the bound, the headline's depth and scaling
+# verdicts, the Bonferroni m of the headline
+# --------------------------------------------------------------------------------------------
+
+def test_permutation_tests_take_three_units_and_the_exact_one_at_most_eight():
+    """Three units are the fewest a rank test over units takes (two raise); the exact test
+    enumerates up to 8! pairings (nine raise); a perfect ranking of n units has the exact p
+    ``1 / n!``; one draw is the fewest a permutation test takes (0 and ``True`` raise)."""
+    three = np.arange(3.0)
+    assert stats.spearman_permutation_p(three, three, +1, permutations=1)[0] == pytest.approx(1)
+    assert stats.spearman_exact_p(three, three, +1)[1] == pytest.approx(1 / 6)
+    eight = np.arange(8.0)
+    assert stats.spearman_exact_p(eight, eight, +1)[1] == pytest.approx(1 / 40320)
+    assert stats.spearman_exact_p(eight, -eight, -1)[1] == pytest.approx(1 / 40320)
+    for n in (2,):
+        with pytest.raises(ValueError, match="length"):
+            stats.spearman_permutation_p(np.arange(n * 1.0), np.arange(n * 1.0), +1)
+    for n in (2, 9):
+        with pytest.raises(ValueError, match="length"):
+            stats.spearman_exact_p(np.arange(n * 1.0), np.arange(n * 1.0), +1)
+    for bad in (0, True, 1.0):
+        with pytest.raises(ValueError, match="permutations"):
+            stats.spearman_permutation_p(three, three, +1, permutations=bad)
+    rho, p = stats.spearman_permutation_p(three, np.ones(3), +1)  # a constant side
+    assert math.isnan(rho) and math.isnan(p)
+
+
+def test_one_sided_p_counts_a_tie_to_1e_12_and_no_further():
+    """A draw below the observed statistic by less than ``1e-12`` (rounding) counts as a tie,
+    so as extreme; one below it by more does not (in either direction)."""
+    obs = 0.5
+    assert stats.one_sided_p(obs, np.array([obs - 0.5e-12]), +1) == pytest.approx(2 / 2)
+    assert stats.one_sided_p(obs, np.array([obs - 2e-12]), +1) == pytest.approx(1 / 2)
+    assert stats.one_sided_p(obs, np.array([obs - 1e-12]), +1) == pytest.approx(2 / 2)  # closed
+    assert stats.one_sided_p(-obs, np.array([-obs + 0.5e-12]), -1) == pytest.approx(2 / 2)
+    assert stats.one_sided_p(-obs, np.array([-obs + 2e-12]), -1) == pytest.approx(1 / 2)
+    assert stats.one_sided_p(obs, np.array([math.nan, obs]), +1) == pytest.approx(2 / 3)
+
+
+def test_bonferroni_resamples_rounds_up_beyond_1e_9_and_checks_its_arguments():
+    """``ceil(2 beyond m / alpha)`` with a quotient within ``1e-9`` above a whole number taken
+    as that number (round-off in ``alpha``), and one further above rounded up."""
+    assert stats.bonferroni_resamples(2 / (100 + 5e-11), 1, beyond=1) == 100
+    assert stats.bonferroni_resamples(2 / (100 + 5e-9), 1, beyond=1) == 101
+    assert stats.bonferroni_resamples(0.05, 1, beyond=1) == 40
+    for args in ((0.0, 1, 1), (1.0, 1, 1), (0.05, 0, 1), (0.05, 1, 0)):
+        with pytest.raises(ValueError):
+            stats.bonferroni_resamples(*args)
+    assert stats.bonferroni_resamples(0.999, 1, beyond=1) == 3  # ceil(2.002)
+
+
+def test_percentile_interval_default_level_and_no_finite_sample():
+    s = np.arange(1.0, 10002.0)
+    assert stats.percentile_interval(s) == (pytest.approx(251.0), pytest.approx(9751.0))
+    lo, hi = stats.percentile_interval(np.array([math.nan, math.inf]))
+    assert math.isnan(lo) and math.isnan(hi)
+    assert stats.percentile_interval(np.array([math.nan, 2.0])) == (2.0, 2.0)
+
+
+def test_documents_allow_a_claim_only_when_their_smallest_p_is_below_the_bound():
+    """``1 / D!`` strictly below ``alpha / m``: six documents (1/720) against a bound of
+    exactly 1/720 cannot, against one just above it can."""
+    import types
+
+    from svflow_jax.diagnose.study import _design
+
+    data = types.SimpleNamespace(groups=np.repeat(np.arange(6), 2), nll=np.zeros((12, 2)),
+                                 controls={})
+    cfg = StudyConfig(windows=12, levels=(0.0, 1.0), bootstrap=10, ece_bins=1,
+                      permutation_tests=99)
+    at = _design(data, cfg, tested=1, alpha=1 / 720)
+    assert at["bound"] == 1 / 720 and at["smallest_document_p"] == pytest.approx(1 / 720)
+    assert at["document_claims_possible"] is False
+    above = _design(data, cfg, tested=2, alpha=2 * math.nextafter(1 / 720, 1))
+    assert above["document_claims_possible"] is True
+    assert _design(data, cfg, tested=9)["bound"] == pytest.approx(0.05 / 9)
+    assert _design(data, cfg, tested=0)["bound"] == pytest.approx(0.05)
+    assert at["smallest_window_p"] == pytest.approx(1 / 100) and at["windows"] == 12
+
+
+def test_depth_uses_thirds_of_the_layers_at_least_one():
+    from svflow_jax.diagnose.study import _thirds
+
+    assert _thirds(9) == (slice(0, 3), slice(6, 9))
+    assert _thirds(10) == (slice(0, 3), slice(7, 10))
+    assert _thirds(2) == (slice(0, 1), slice(1, 2))
+
+
+def _depth_and_scaling(lo=1.5, growth=5.0, a_hi=0.1, b_lo=0.2, factors=(0.5, 1.0, 4.0)):
+    from svflow_jax.diagnose.output import headline
+
+    rows = [{"factor": c, "kl_clean": 1.0, "overconfidence": 0.0, "overconfidence_ci":
+             (-0.1, 0.0), "ece": 0.1} for c in factors]
+    if 1.0 in factors:
+        rows[factors.index(1.0)].update(overconfidence_ci=(0.0, a_hi))
+    rows[-1].update(kl_clean=growth, overconfidence_ci=(b_lo, 1.0))
+    summary = {"shuffle": {"depth": {"entropy": {"deep_over_shallow": 2.0,
+                                                 "deep_over_shallow_ci": (lo, 3.0)}}},
+               "scaling": {"rows": rows}}
+    return {r["statement"].split(" (")[0]: r["verdict"] for r in headline(summary)}
+
+
+def test_headline_depth_and_scaling_verdicts_at_their_boundaries():
+    """Depth: the deep/shallow interval's lower end strictly above 1. Scaling, from c = 1 to
+    the largest c (here 4): the KL grows by strictly more than 4 and the over-confidence
+    intervals do not touch."""
+    depth, scaling = "deep layers more sensitive", PAPER_SCALING
+    assert _depth_and_scaling()[depth] == "reproduced"
+    assert _depth_and_scaling(lo=1.0)[depth] == "not reproduced"
+    assert _depth_and_scaling(lo=math.nextafter(1.0, 2))[depth] == "reproduced"
+    assert _depth_and_scaling()[scaling] == "reproduced"
+    assert _depth_and_scaling(growth=4.0)[scaling] == "not reproduced"
+    assert _depth_and_scaling(growth=math.nextafter(4.0, 5))[scaling] == "reproduced"
+    assert _depth_and_scaling(b_lo=0.1)[scaling] == "not reproduced"
+    assert _depth_and_scaling(b_lo=math.nextafter(0.1, 1))[scaling] == "reproduced"
+    # the largest factor, not the smallest nor the last listed
+    assert _depth_and_scaling(growth=3.0, factors=(1.0, 2.0))[scaling] == "reproduced"
+    assert _depth_and_scaling(growth=3.0, factors=(0.5, 1.0, 4.0))[scaling] == \
+        "not reproduced"
+    assert scaling not in _depth_and_scaling(factors=(0.5, 0.8))  # no c = 1: no row
+    from svflow_jax.diagnose.output import headline
+
+    none = headline({"shuffle": {}, "scaling": None})
+    assert [(r["statement"].split(" (")[0], r["verdict"]) for r in none] == [
+        (PAPER_SCALING, "not comparable")]
+
+
+PAPER_SCALING = ("extreme concentrations make divergences explode and the model "
+                 "over-confident")
+
+
+def test_the_headline_bonferroni_m_counts_the_svflow_metrics_only():
+    """Two SVFlow metrics, a control and a model-unit twin: the bound is 0.05 / 2 (a p just
+    below it passes, one at it fails), and the run's controls are required only when the
+    design lists some."""
+    from svflow_jax.diagnose.output import headline
+
+    def entry(p, kind):
+        e = _entry(p1=p, p2=p, p3=p, kind=kind)
+        e.update(perplexity={"rho": 1.0, "ci": (0.9, 1.0)}, ece={"rho": 1.0, "ci": (0.9, 1.0)},
+                 perplexity_cells={"rho": 0.5, "ci": (0.4, 0.6)})
+        return e
+
+    def verdicts(p, controls=(), p3=None):
+        rho = {"entropy": entry(p, "svflow"), "kl_q_p": entry(p, "svflow"),
+               "unigram_surprisal": entry(p, "control"),
+               "kl_q_p_model": entry(p, "model_units")}
+        if p3 is not None:
+            rho["entropy"]["level_controlled"]["controlled_p"] = p3
+        summary = {"shuffle": {"rho": rho, "design": {"controls": list(controls)}},
+                   "scaling": None}
+        return {r["statement"].split()[0]: r["verdict"] for r in headline(summary)
+                if "tracks perplexity" in r["statement"]}
+
+    bound = 0.05 / 2
+    assert verdicts(bound * (1 - 1e-9))["entropy"] == "reproduced"
+    assert verdicts(bound)["entropy"] == "not reproduced"
+    assert verdicts(bound * (1 - 1e-9))["kl_q_p_model"] == "description (model units)"
+    assert verdicts(0.001, p3=0.5)["entropy"] == "reproduced"  # no controls: p3 unread
+    assert verdicts(0.001, ["unigram_surprisal"], p3=0.5)["entropy"] == \
+        "not reproduced (not beyond the control)"
+
+
+def test_across_models_with_one_tested_metric_is_not_corrected():
+    """One tested metric: m = 1, the bound is alpha itself and the Bonferroni interval the 95%
+    one (from ``bonferroni_resamples(0.05, 1)`` resamples: 40 beyond each end)."""
+    from svflow_jax.diagnose.study import across_models
+
+    datas, cfg = _population({"entropy": lambda nll, i, rng: nll + 0.6 * rng.normal(
+        size=nll.shape)}, M=5, D=6, per=2)
+    out = across_models(datas, cfg)
+    assert out["tested"] == 1 and out["bootstrap"] == stats.bonferroni_resamples(0.05, 1)
+    level = out["rho"]["entropy"]["level"]
+    assert level["ci_bonferroni"] == pytest.approx(level["ci"], abs=1e-12)

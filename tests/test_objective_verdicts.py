@@ -145,6 +145,24 @@ def test_each_coefficient_is_decided_and_counted():
     assert v["popkl_as_switch"]["passing_coefs"] == []
 
 
+def test_an_undecided_coefficient_leaves_the_verdict_undecided():
+    """No coefficient passes, one failed and one undecided (run at one seed): the verdict is
+    undecided (None), not "not reproduced", since the undecided one might pass."""
+    script = _script()
+    arms = [a for a in ARMS if a[2] not in ("popkl", "jvar")] + [
+        ("moe", 2, method, coef, 0.5, 2.0, 0.6, False)
+        for method in ("popkl", "jvar") for coef in (0.01, 0.1)]
+    runs = [r for r in _runs(5, 0.01, arms=arms)
+            if r["config"]["coef"] != 0.1 or r["config"]["seed"] == 0
+            or r["config"]["method"] not in ("popkl", "jvar")]
+    v = script.verdicts(runs, [1, 2])
+    for key in ("popkl_as_switch", "jvar_as_switch"):
+        assert v[key]["passing_coefs"] == [] and v[key]["reproduced"] is None, key
+    decided = [r for r in runs if r["config"]["coef"] != 0.1
+               or r["config"]["method"] not in ("popkl", "jvar")]
+    assert script.verdicts(decided, [1, 2])["popkl_as_switch"]["reproduced"] is False
+
+
 def test_the_coupling_control_is_decided_paired_by_seed():
     """The stop-gradient control's verdict is the paired (control - plain) attention entropy's
     upper bound; a control whose entropy is higher is not reproduced, and one whose mean is
@@ -164,6 +182,39 @@ def test_the_coupling_control_is_decided_paired_by_seed():
     # the control's coupling (no posterior gradient) is not averaged into attention's
     assert all(not math.isnan(x) for x in
                script.verdicts(runs, [2])["coupling"]["decisions"][0]["values"])
+
+
+def test_attention_coupling_is_the_mean_of_the_other_arms_at_each_seed():
+    """The attention coupling of seed ``s`` is the mean over that seed's arms, the
+    stop-gradient control left out: a control at -5 and other seeds' values change nothing."""
+    script = _script()
+    runs = _runs(3, 0.01)
+    for r in runs:
+        if r["config"]["qk_stop_gradient"]:
+            r["final"]["coupling_attn_cos"] = [-5.0] * 2
+    expected = [np.mean([r["final"]["coupling_attn_cos"][0] for r in runs
+                         if r["config"]["seed"] == s and not r["config"]["qk_stop_gradient"]])
+                for s in range(3)]
+    got = script.verdicts(runs, [2])["coupling"]["decisions"][0]["values"]
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert len(set(np.round(expected, 12))) == 3  # the seeds differ: a mix of them would show
+
+
+def test_attention_that_collapsed_below_a_quarter_of_the_uniform_entropy_is_not_healthy():
+    """The "no collapse" floor is a quarter of the uniform posterior's entropy: dense
+    attention ending at 0.3 of it (the seeds agreeing) is healthy, at 0.2 it is not, however
+    far it fell from its initialisation."""
+    script = _script()
+
+    def healthy(share):
+        arms = [a[:6] + ((share,) if a[0] == "gelu" and not a[7] else (a[6],)) + a[7:]
+                for a in ARMS]
+        return script.verdicts(_runs(5, 0.01, arms=arms), [2])["attention_healthy"]
+
+    assert healthy(0.3)["reproduced"] is True
+    low = healthy(0.2)
+    assert low["reproduced"] is False
+    assert [d["passed"] for d in low["decisions"]] == [True, False]
 
 
 def test_when_attention_leaves_its_initialisation():

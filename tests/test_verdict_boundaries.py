@@ -17,11 +17,12 @@ import math
 import re
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from svflow_jax import claims, reporting
+from svflow_jax import claims, reporting, sphere
 from svflow_jax.claims import core, exactness, measure, orders, stacks
 from svflow_jax.claims import run as claims_run
 from svflow_jax.objective import mechanism, terms
@@ -106,6 +107,16 @@ def test_fit_window_bounds_are_inclusive_and_each_excludes():
     assert above["in_fit"][-1] is False and above["fit_points"] == 8
     assert coarse["in_fit"] == [True] * 8 + [False]
     assert measure.fit_window(h, [math.nan, *e[1:]])["fit_points"] == 8
+
+
+def test_fit_window_step_limit_allows_a_relative_round_off_of_1e_12_and_no_more():
+    """``h <= max_step`` up to ``1e-12`` relative (``T / N`` and ``T / MIN_STEPS_IN_FIT``
+    rounded differently): a step that much above the limit is in, ``1e-11`` above is out."""
+    limit = 1 / 8
+    h = np.array([1 / 64, 1 / 32, 1 / 16, limit * (1 + 1e-12)])
+    assert measure.fit_window(h, 1e-3 * h, max_step=limit)["in_fit"] == [True] * 4
+    h[-1] = limit * (1 + 1e-11)
+    assert measure.fit_window(h, 1e-3 * h, max_step=limit)["in_fit"] == [True] * 3 + [False]
 
 
 def test_fit_window_fits_from_three_points_and_not_two():
@@ -260,26 +271,126 @@ def test_a_standard_post_norm_step_needs_every_radial_factor_positive(fake_trans
 
 
 
+def test_a_nan_difference_is_an_error(monkeypatch):
+    """A NaN or infinite per-layer difference from the one program of every case is an error
+    (of :func:`exactness._all_gaps`, so of ``_gaps`` and of the float32 claim alike), never a
+    difference that compares false with the tolerance and so "passes" nothing silently."""
+    def program(value):
+        return lambda cases: [{"per_layer": np.array([0.0, value]), "moved": 0.5,
+                               "scale": 1.0} for _ in cases]
+
+    for value in (math.nan, math.inf, -math.inf):
+        monkeypatch.setattr(exactness, "_gaps_programs", program(value))
+        with pytest.raises(exactness.SolveError):
+            exactness._gaps(None, {}, None)
+        with pytest.raises(exactness.SolveError):
+            exactness._all_gaps([(None, {}, None), (None, {}, None)])
+    monkeypatch.setattr(exactness, "_gaps_programs", program(1.0))
+    assert exactness._gaps(None, {}, None)["per_layer"].tolist() == [0.0, 1.0]
+
+
+def _stated_tolerance(options, layers, scale):
+    """The exactness tolerance as ``docs/theory.md`` (section 13) states it: ``1e-12`` in
+    float64, ``C l eps s`` with ``C = 4`` in float32 (``eps = 2 u`` of the float32 matrix
+    multiply in force: ``2^-23`` on the CPU)."""
+    return 1e-12 if options.float64 else 4 * layers * _EPS32 * scale
+
+
+_EPS32 = 2 * measure.matmul_unit_roundoff(jax.default_backend(),
+                                          jax.config.jax_default_matmul_precision)[1]
+
+
 def _plain_solve(monkeypatch, ctx, diffs: dict):
+    """``plain_solve`` whose post-norm and pre-norm stacks differ from their solves by
+    ``diffs["post"]`` and ``diffs["pre"]``, with largest token norm 2."""
     monkeypatch.setattr(exactness, "random_params", lambda config, seed: {})
     monkeypatch.setattr(exactness, "inputs", lambda ctx: None)
-    monkeypatch.setattr(exactness, "_plain_solve_gap",
-                        lambda config, params, x: (diffs[config.norm_position], 2.0))
+    monkeypatch.setattr(exactness, "_plain_solve_gaps", lambda cases: [
+        (diffs[config.norm_position], 2.0) for config, _, _ in cases])
     return exactness.plain_solve(ctx)
 
 
+@pytest.mark.parametrize("options", [F64, F32], ids=["float64", "float32"])
+def test_plain_solve_passes_when_both_stacks_are_within_tolerance(monkeypatch, options):
+    ctx = claims.Context(options)
+    tol = _stated_tolerance(options, options.layers, 2.0)
+    assert tol == pytest.approx(_tolerance(options, options.layers, 2.0), rel=1e-15)
+    result = _plain_solve(monkeypatch, ctx, {"post": tol, "pre": tol / 2})
+    assert result.passed is True and result.figures["max_abs_diff"] == tol
+    assert [r["passed"] for r in result.rows] == [True, True]
+    for wrong in ("post", "pre"):  # one stack beyond its tolerance, the other exact
+        diffs = {"post": 0.0, "pre": 0.0, wrong: _after(tol)}
+        result = _plain_solve(monkeypatch, ctx, diffs)
+        assert result.passed is False and result.figures["max_abs_diff"] == _after(tol)
+        assert [r["passed"] for r in result.rows] == [wrong != "post", wrong != "pre"]
+    # a conversion wrong by 1000 tolerances fails; a tolerance 1000x looser would pass it
+    assert _plain_solve(monkeypatch, ctx, {"post": 1e3 * tol, "pre": 0.0}).passed is False
+    for bad in (math.nan, math.inf):
+        with pytest.raises(FloatingPointError):
+            _plain_solve(monkeypatch, ctx, {"post": bad, "pre": 0.0})
+        with pytest.raises(FloatingPointError):
+            _plain_solve(monkeypatch, ctx, {"post": 0.0, "pre": bad})
 
 
 def _float32_claim(monkeypatch, per_layer):
+    """``float32_bound`` on made-up per-layer differences ``per_layer(position)`` (one per
+    layer, the largest token norm 2)."""
     monkeypatch.setattr(exactness, "random_params", lambda config, seed: {})
     monkeypatch.setattr(exactness, "inputs", lambda ctx: np.zeros((4, 8)))
-    monkeypatch.setattr(exactness, "_gaps", lambda config, params, x: {
-        "per_layer": np.asarray(per_layer(config.norm_position), float), "scale": 2.0})
+    monkeypatch.setattr(exactness, "_all_gaps", lambda cases: [
+        {"per_layer": np.asarray(per_layer(config.norm_position), float), "scale": 2.0}
+        for config, _, _ in cases])
     return exactness.float32_bound(claims.Context(F64))
 
 
+def test_float32_round_off_may_grow_linearly_in_depth_and_no_faster(monkeypatch):
+    """``d_l <= C l eps s`` with ``C = 4`` (theory, section 13) at every layer ``l``: exactly
+    at the bound passes (``c_eff = 4``), one layer beyond it fails, the first or the deepest,
+    in either stack; a difference that does not grow with depth, at the deepest layer's bound
+    everywhere, fails at the first layer (the bound is per layer, not the stack's total)."""
+    layers = np.arange(1, F64.layers + 1)
+    bound = 4 * layers * _EPS32 * 2.0
+    at = _float32_claim(monkeypatch, lambda position: bound)
+    assert at.passed is True and at.figures["c_eff"] == pytest.approx(4.0, rel=1e-15)
+    assert at.figures["eps"] == _EPS32
+    assert [r["c_eff"] for r in at.rows] == pytest.approx([4.0, 4.0], rel=1e-15)
+    for stack in ("post", "pre"):
+        for layer in range(F64.layers):
+            over = bound.copy()
+            over[layer] *= 1 + 1e-9
+            result = _float32_claim(monkeypatch, lambda position, o=over, s=stack: o if
+                                    position == s else bound)
+            assert result.passed is False and result.figures["c_eff"] > 4.0, (stack, layer)
+    flat = np.full(F64.layers, bound[-1])
+    result = _float32_claim(monkeypatch, lambda position: flat)
+    assert result.passed is False and result.figures["c_eff"] == pytest.approx(
+        4.0 * F64.layers, rel=1e-12)
+    # 1000 bounds in one layer (a conversion wrong there) fails
+    wrong = bound.copy()
+    wrong[1] *= 1e3
+    assert _float32_claim(monkeypatch, lambda position: wrong).passed is False
 
 
+def test_float32_round_off_must_be_visible(monkeypatch):
+    """Round-off that shows (largest difference above the stated threshold, far below the
+    bound and far above float64's round-off) in both stacks; zero differences (a float32 run
+    that silently computed in float64) fail."""
+    result = _float32_claim(monkeypatch, lambda position: np.zeros(F64.layers))
+    visible = _number(r"visible \(> ([0-9.e+-]+)\)", result.tolerance)
+    assert result.passed is False
+    assert 1e3 * float(np.finfo(np.float64).eps) < visible < 4 * _EPS32 * 2.0 / 10
+    flat = np.full(F64.layers, visible)  # at the threshold: not visible, far below the bound
+    assert _float32_claim(monkeypatch, lambda position: flat).passed is False
+    assert _float32_claim(monkeypatch, lambda position: np.full(F64.layers, _after(
+        visible))).passed is True
+    for stack in ("post", "pre"):  # one stack visible is not enough
+        one = _float32_claim(monkeypatch, lambda position, s=stack: flat if position == s else
+                             np.full(F64.layers, _after(visible)))
+        assert one.passed is False and [r["visible"] for r in one.rows] == [
+            stack != "post", stack != "pre"]
+    deepest = np.zeros(F64.layers)  # visible in one layer is visible
+    deepest[-1] = _after(visible)
+    assert _float32_claim(monkeypatch, lambda position: deepest).passed is True
 
 
 def _round_trip(monkeypatch, change):
@@ -314,6 +425,15 @@ def test_round_trip_is_bit_identical_except_the_rescaled_arrays(monkeypatch):
     beyond = _round_trip(monkeypatch, nudged("wq", 2.0, rescaled))
     assert beyond.passed is False and 0 < beyond.figures["not_identical"] < variants
     assert _round_trip(monkeypatch, nudged("bq", 2.0)).figures["not_identical"] == variants
+
+    def one_element(config, params):  # one element of a bias beyond eps |w|, the rest exact
+        back = dict(params)
+        a = params["bq"].copy()
+        a[1] += 2.0 * np.finfo(a.dtype).eps * abs(a[1])
+        back["bq"] = a
+        return back
+
+    assert _round_trip(monkeypatch, one_element).figures["not_identical"] == variants
     # an array to_flow does not rescale, or a rescaled one where nothing is folded: bit-exact
     post = lambda c: c.norm_position == "post"  # noqa: E731
     assert _round_trip(monkeypatch, nudged("wo", 1.0, rescaled)).passed is False
@@ -350,7 +470,8 @@ def test_ellipsoid_residual_at_tolerance_and_sphere_residual_above_the_floor(mon
     for i in range(3):
         rows = [(tol, _after(floor))] * 3
         rows[i] = (_after(tol), _after(floor))
-        assert _ellipsoid(monkeypatch, options, rows).passed is False
+        beyond = _ellipsoid(monkeypatch, options, rows)
+        assert beyond.passed is False and beyond.figures["ellipsoid_residual"] == _after(tol)
         rows[i] = (tol, floor)
         result = _ellipsoid(monkeypatch, options, rows)
         assert result.passed is False and result.figures["sphere_residual"] == floor
@@ -464,6 +585,48 @@ def test_a_splitting_claim_passes_at_its_order_only(fake_sweep, splitting):
 
 
 
+def _aligned_rk4(monkeypatch, order: float, naive_order: float = 1.0):
+    """``aligned_rk4`` whose staged solve's errors are ``1e-2 (h / h_0)^order`` (``h_0`` the
+    coarsest step: every error inside the fit window) and whose solve without the stage rule
+    has errors ``1e-20 (h / h_0)^naive_order``, far below the float64 fit floor."""
+    smooth = types.SimpleNamespace(attention=types.SimpleNamespace(causal=True),
+                                   experts=types.SimpleNamespace(top_k=1), radius=1.0)
+    monkeypatch.setattr(orders, "test_problem", lambda ctx: types.SimpleNamespace(
+        smooth=smooth, t1=1.0, u0=np.zeros((2, 3))))
+    monkeypatch.setattr(orders, "_layer_weights", lambda smooth, h: [None, None])
+    monkeypatch.setattr(orders, "PiecewiseConstant", lambda theta, h: "staged")
+    monkeypatch.setattr(orders, "_RightContinuousLayers", lambda theta, h: "naive")
+    monkeypatch.setattr(orders, "AttentionField", lambda path, causal: path)
+    monkeypatch.setattr(orders, "ExpertsField", lambda path, top_k, radius: path)
+    monkeypatch.setattr(orders, "SumField", lambda a, b: a)
+
+    def errors(terms, solver, y0, t1, counts, ref):
+        h = float(t1) / np.asarray(counts, float)
+        return np.stack([1e-2 * (h / h[0]) ** order, 1e-20 * (h / h[0]) ** naive_order])
+
+    monkeypatch.setattr(orders, "_aligned_errors", errors)
+    ctx = claims.Context(F64)
+    ctx.shared("piecewise-reference", lambda: None)
+    return orders.aligned_rk4(ctx)
+
+
+def test_aligned_rk4_claims_order_4(monkeypatch):
+    """The staged solve passes at order 4 (RK4's) and within 0.15 of it on each side; a
+    method one order off, or just beyond the band, fails. The solve without the stage rule is
+    fitted with no floor (its errors here lie below the float64 fit floor) and plays no part
+    in the verdict."""
+    result = _aligned_rk4(monkeypatch, 4.0)
+    assert result.passed is True and result.figures["expected_order"] == 4
+    assert result.figures["fitted_order"] == pytest.approx(4.0, abs=1e-9)
+    assert result.figures["fit_points"] == 5
+    assert result.figures["order_without_stage_rule"] == pytest.approx(1.0, abs=1e-9)
+    assert _aligned_rk4(monkeypatch, 4.0, naive_order=4.0).passed is True
+    for order in (4 - 0.15 * (1 - 1e-6), 4 + 0.15 * (1 - 1e-6)):
+        assert _aligned_rk4(monkeypatch, order).passed is True, order
+    for order in (3.0, 5.0, 4 - 0.15 * (1 + 1e-6), 4 + 0.15 * (1 + 1e-6)):
+        assert _aligned_rk4(monkeypatch, order).passed is False, order
+
+
 def _drift(monkeypatch, on_sphere: list[float], off_sphere: list[list[float]]):
     """``drift`` with sphere solvers whose sweeps drift by ``on_sphere`` and plain methods whose
     drifts, coarsest step first, are ``off_sphere``."""
@@ -471,13 +634,37 @@ def _drift(monkeypatch, on_sphere: list[float], off_sphere: list[list[float]]):
     specs += [types.SimpleNamespace(name=f"p{i}") for i in range(len(off_sphere))]
     monkeypatch.setattr(orders._catalogue, "methods", lambda splitting=None: specs)
     drifts = dict(zip([s.name for s in specs], on_sphere + off_sphere, strict=True))
+    # every method's sweep is retracted: the plain methods' sweeps stay on the sphere too
     monkeypatch.setattr(orders, "_shared_sweep", lambda ctx, spec: types.SimpleNamespace(
         figures={"max_norm_drift": drifts[spec.name] if spec.name[0] == "s" else 0.0}))
-    monkeypatch.setattr(orders, "drift_rows", lambda ctx, spec: {
-        "solver": spec.name, "retracted": spec.name[0] == "s",
-        "points": [{"num_steps": 4, "norm_drift": 0.0}] if spec.name[0] == "s" else
-        [{"num_steps": 4 * (k + 1), "norm_drift": d} for k, d in enumerate(drifts[spec.name])]})
+
+    def tables(ctx, chosen, num_sizes=6):
+        return [{"solver": spec.name, "retracted": spec.name[0] == "s",
+                 "points": [{"num_steps": 4, "norm_drift": drifts[spec.name]}]
+                 if spec.name[0] == "s" else
+                 [{"num_steps": 4 * 2**k, "norm_drift": d}
+                  for k, d in enumerate(drifts[spec.name])]} for spec in chosen]
+
+    monkeypatch.setattr(orders, "_drift_tables", tables)
     return orders.drift(claims.Context(F64))
+
+
+def test_drift_splits_sphere_solvers_from_plain_methods_at_the_unit_tolerance(monkeypatch):
+    """The unit tolerance ``32 sqrt(d) eps`` (float64, d = 8): every sphere solver's drift at
+    most that, every plain method's drift at its coarsest step strictly above it."""
+    tol = 32 * math.sqrt(F64.dim) * float(np.finfo(np.float64).eps)
+    assert tol == sphere.unit_tolerance(jnp.float64, F64.dim)
+    good = _drift(monkeypatch, [tol, 0.0], [[_after(tol), 0.0], [1.0, 0.5]])
+    assert good.passed is True
+    assert good.figures == {"max_drift_on_sphere": tol,
+                            "min_coarsest_drift_off_sphere": _after(tol)}
+    assert _drift(monkeypatch, [0.0, _after(tol)], [[1.0]]).passed is False
+    assert _drift(monkeypatch, [_after(tol), 0.0], [[1.0]]).passed is False  # any solver
+    assert _drift(monkeypatch, [0.0], [[1.0], [tol, 1.0]]).passed is False  # at: not above
+    assert _drift(monkeypatch, [0.0], [[tol, 1.0], [1.0]]).passed is False  # any method
+    assert _drift(monkeypatch, [0.0], [[1.0], [0.0, 1.0]]).passed is False  # coarsest decides
+    # a tolerance 1000x looser would take a drift of 100 tolerances for round-off
+    assert _drift(monkeypatch, [100 * tol], [[1.0]]).passed is False
 
 
 
@@ -683,6 +870,10 @@ def test_equal_compute_steps_needs_a_whole_number_of_blocks(monkeypatch):
         with pytest.raises(ValueError):
             compare.equal_compute_steps(["one", "two"], budget)
     assert compare.equal_compute_steps(["two"], 9 + 1e-12) == {"two": 4}  # round-off
+    # a whole number of blocks up to 1e-9 (round-off of the budget), and no further
+    assert compare.equal_compute_steps(["one"], 9 + 5e-10) == {"one": 9}
+    with pytest.raises(ValueError):
+        compare.equal_compute_steps(["one"], 9 + 2e-9)
 
 
 def test_a_paired_difference_is_better_worse_or_unresolved_at_the_bonferroni_level():
@@ -731,3 +922,51 @@ def test_cosine_of_small_vectors_and_of_a_zero_vector():
     assert float(rows[0]) == pytest.approx(1.0) and math.isnan(float(rows[1]))
 
 
+
+
+def _stated(pattern: str, text: str) -> float:
+    """The number ``pattern`` captures in ``text``: a decimal, or TeX's ``10^{k}`` (group 1
+    the decimal or the exponent ``k``, as the pattern writes it)."""
+    found = re.search(pattern, text)
+    assert found, (pattern, text[:200])
+    return float(found[1])
+
+
+def _power(exponent: str) -> float:
+    return float(f"1e{int(exponent)}")
+
+
+def test_the_theory_page_states_the_tolerances_the_code_applies():
+    """``docs/theory.md`` (sections 13 and 14) states every tolerance and pass rule in numbers
+    (TeX, ``$10^{-12}$``, or plain decimals): they are the constants the claims run with."""
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "theory.md")
+                    .read_text().split())
+    start = text.index("## 13. Floating point")
+    text = text[start:text.index("## 15.", start)]
+    ten = r"\$?10\^\{(-?[0-9]+)\}\$?"
+
+    assert _power(_stated(r"agree to \$10\^\{(-?[0-9]+)\}\$", text)) == measure.EXACT_FLOAT64
+    assert _stated(r"with \$C = ([0-9.]+)\$", text) == measure.C_FLOAT32
+    assert _power(_stated(r"start at an error of \$10\^\{(-?[0-9]+)\}\$", text)) == \
+        measure.FIT_FLOOR_FLOAT32
+    assert _stated(r"fewer than ([0-9]+) points above that floor", text) == 3
+    assert _stated(r"at least ([0-9]+) steps over", text) == measure.MIN_STEPS_IN_FIT
+    window = re.search(rf"an error in \$\[{ten}, {ten}\]\$", text)
+    assert window, "the float64 fit window"
+    assert (_power(window[1]), _power(window[2])) == (measure.FIT_FLOOR, measure.FIT_CEILING)
+    window32 = re.search(rf"\$\[{ten}, {ten}\]\$ in float32", text)
+    assert window32, "the float32 fit window"
+    assert (_power(window32[1]), _power(window32[2])) == (measure.FIT_FLOOR_FLOAT32,
+                                                          measure.FIT_CEILING)
+    assert _stated(r"rtol = atol = ([0-9.e+-]+)`", text) == measure.REFERENCE_TOLERANCE
+    assert _stated(r"Within ([0-9.]+) of the expected order", text) == measure.ORDER_TOLERANCE
+    assert _stated(r"expected order minus ([0-9.]+)", text) == DEFICIT
+    assert _stated(r"expected order plus ([0-9.]+)", text) == measure.HIGH_ORDER_EXCESS
+    assert _stated(r"orders of ([0-9]+) or more", text) == 5
+    # and the rule applies them: the band's ends as the page states them
+    assert measure.order_passes(4 + measure.ORDER_TOLERANCE * (1 - 1e-9), 4)
+    assert not measure.order_passes(_after(5 + measure.HIGH_ORDER_EXCESS), 5)
+    assert measure.order_passes(5 - DEFICIT, 5) and not measure.order_passes(
+        _before(5 - DEFICIT), 5)
