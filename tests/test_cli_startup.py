@@ -52,6 +52,8 @@ FAST = [
     (["inspect", "smollm2-135m-instruct", "--alpha-methods", "nope"], 2),
     (["inspect", "smollm2-135m-instruct", "--substeps", "1"], 2),
     (["inspect", "smollm2-135m-instruct", "--substeps", "2048"], 2),
+    (["inspect", "/nonexistent"], 2),
+    (["diagnose", "/nonexistent"], 2),
 ]
 
 
