@@ -54,6 +54,13 @@ FAST = [
     (["inspect", "smollm2-135m-instruct", "--substeps", "2048"], 2),
     (["inspect", "/nonexistent"], 2),
     (["diagnose", "/nonexistent"], 2),
+    (["train", "--update", "ngpt", "--norm", "pre"], 2),
+    (["train", "--update", "ngpt"], 2),
+    (["train", "--extra-depths", "8"], 2),
+    (["train", "--random-depths", "2", "8", "--weights", "per_layer"], 2),
+    (["train", "--weights", "linear", "--extra-depths", "8", "--random-depths", "2"], 2),
+    (["train", "--method", "geodesic-euler", "--norm", "pre"], 2),
+    (["train", "--embed-norm", "--norm", "post"], 2),
 ]
 
 
