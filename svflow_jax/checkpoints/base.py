@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from svflow_jax.checkpoints.paths import CheckpointError
 from svflow_jax.transformer import (
     TransformerConfig,
     TransformerLM,
@@ -42,11 +43,6 @@ __all__ = [
     "build",
     "MAX_SIZES",
 ]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint this package cannot load exactly; the message names the file and what is
-    wrong (header, tensor name, expected and found shape, missing configuration key, ...)."""
 
 
 class LoadedModel(NamedTuple):

@@ -72,7 +72,7 @@ def resolve_methods(names: Iterable[str], option: str) -> list:
 def check_model(model: str) -> None:
     """Refuses (``UsageError``) a MODEL that is neither a packaged model's name nor an existing
     file or folder (:func:`svflow_jax.checkpoints.resolve`, nothing fetched yet)."""
-    from ..checkpoints import CheckpointError, resolve
+    from ..checkpoints.paths import CheckpointError, resolve
 
     try:
         resolve(model, fetch=False)

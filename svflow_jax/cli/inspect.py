@@ -18,7 +18,7 @@ __all__ = ["add_parser", "run", "MAX_SUBSTEPS"]
 #: model's own forward pass, on every window
 MAX_SUBSTEPS = 1024
 
-#: the fields of :class:`~svflow_jax.inspection.study.InspectOptions` the options set
+#: the fields of :class:`~svflow_jax.inspection.config.InspectOptions` the options set
 OPTIONS = {"windows": "--windows", "window": "--window", "substeps": "--substeps",
            "schemes": "--methods", "exactness_tokens": "--exactness-tokens"}
 
@@ -85,7 +85,7 @@ def alpha_options(args: argparse.Namespace, quick_default):
     (``None`` with ``--no-alpha-sweep``); ``quick_default`` fills in what is not given."""
     if args.no_alpha_sweep:
         return None
-    from ..inspection.alpha_sweep import AlphaOptions
+    from ..inspection.config import AlphaOptions
 
     given: dict = {k: tuple(v) for k, v in (("alphas", args.alphas),
                                             ("schemes", args.alpha_methods),
@@ -102,7 +102,7 @@ def alpha_options(args: argparse.Namespace, quick_default):
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ..inspection.study import QUICK, InspectOptions
+    from ..inspection.config import QUICK, InspectOptions
     from ..reporting import display_path
 
     given = {field: (tuple(v) if isinstance(v, list) else v) for field, option in OPTIONS.items()

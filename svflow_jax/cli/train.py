@@ -240,11 +240,12 @@ def _planned(args: argparse.Namespace) -> argparse.Namespace | None:
 
 
 def _check_planned(args: argparse.Namespace) -> None:
-    """The checks of the planned run that need no JAX: sizes (:func:`check_sizes`), a
-    catalogue method without a pre-norm form in a pre-norm stack, and a text too short for
-    one window."""
+    """The checks of the planned run that need no JAX: sizes (:func:`check_sizes`), the
+    configuration's cross-field rules (:mod:`svflow_jax.designs.rules`: a catalogue method
+    without a pre-norm form in a pre-norm stack, nGPT's step in a pre-norm one, other depths
+    with per-layer weights, ...), and a text too short for one window."""
+    from ..designs.rules import check_depths, check_norm_options
     from ..training.tasks import get_task
-    from .catalog import has_prenorm_form
 
     planned = _planned(args)
     if planned is None:
@@ -254,18 +255,30 @@ def _check_planned(args: argparse.Namespace) -> None:
         task = get_task(planned.task, planned.model.context)
     except (TypeError, AttributeError, ValueError):  # a value of --config: named later
         return
-    design, norm = planned.model.design, getattr(planned.model, "norm_position", None)
-    if norm == "pre" and has_prenorm_form(design) is False:
-        message = (f"design {design!r} has no pre-norm form (its steps are rotations or "
-                   "geodesics on the sphere); use norm_position='post'")
-        if args.norm_position is None:
-            message += " (svflow train is pre-norm by default: add --norm post)"
-        raise runtime.UsageError(message)
+    m = planned.model
+    try:
+        check_norm_options(m.design, m.norm_position, getattr(m, "update", "residual"),
+                           getattr(m, "embed_norm", False))
+        check_depths(m.weights, planned.extra_depths, planned.random_depths)
+    except ValueError as err:
+        raise _config_error(err, args) from None
+    except (TypeError, AttributeError):  # a value of --config: named later
+        return
     if hasattr(task, "check_text"):  # a text task: one window of each split at least
         try:
             task.check_text()  # pyright: ignore[reportAttributeAccessIssue]
         except ValueError as err:
             raise runtime.UsageError(str(err)) from None
+
+
+def _config_error(err: Exception, args: argparse.Namespace) -> runtime.UsageError:
+    """The refusal of a configuration, saying how to leave the default pre-norm stack where
+    the configuration needs a post-norm one."""
+    message = str(err)
+    if (("no pre-norm form" in message or "needs norm_position='post'" in message)
+            and args.norm_position is None):
+        message += " (svflow train is pre-norm by default: add --norm post)"
+    return runtime.UsageError(message)
 
 
 def _latest_checkpoint(out: Path) -> int | None:
@@ -307,11 +320,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         config = config_from_args(args)
     except (ValueError, TypeError, KeyError) as err:
-        message = str(err)
-        if (("no pre-norm form" in message or "needs norm_position='post'" in message)
-                and args.norm_position is None):
-            message += " (svflow train is pre-norm by default: add --norm post)"
-        raise runtime.UsageError(message) from None
+        raise _config_error(err, args) from None
     check_sizes(config)
     programs = PROGRAMS + len(config.extra_depths) + len(config.random_depths)
     runtime.announce_compiling(parser.prog, programs, _cache_in_force(),

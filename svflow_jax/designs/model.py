@@ -84,6 +84,7 @@ from svflow_jax.transformer import TransformerConfig, TransformerLM
 from ..solvers import catalogue
 from ..solvers.catalogue import Method
 from .design import integrate
+from .rules import check_norm_options
 
 __all__ = ["DesignConfig", "SolverLM", "Update", "Weights"]
 
@@ -157,12 +158,7 @@ class DesignConfig:
             raise ValueError(f"remat must be True, False or 'dots', got {self.remat!r}")
         if self.update not in ("residual", "ngpt"):
             raise ValueError(f"update must be 'residual' or 'ngpt', got {self.update!r}")
-        if self.embed_norm and self.norm_position != "pre":
-            raise ValueError("embed_norm is a pre-norm option: a post-norm state starts "
-                             "normalised already")
-        if self.update == "ngpt" and self.norm_position != "post":
-            raise ValueError("update='ngpt' (nGPT's normalised step) lives on the sphere: it "
-                             "needs norm_position='post'")
+        check_norm_options(self.design, self.norm_position, self.update, self.embed_norm)
 
     @property
     def layer_design(self) -> Method:

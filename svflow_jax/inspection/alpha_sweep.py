@@ -65,6 +65,7 @@ from ..next_token import next_token_nll
 from ..solvers import LieTrotter, Strang, Swapped, WithinStep, catalogue
 from ..transformer import TransformerConfig, TransformerLM, layer_params
 from ..transformer.lens import final_logits
+from .config import QUICK_ALPHA, AlphaOptions, sweep_scheme_names, unknown_methods
 
 __all__ = ["OUTPUT_MAPS", "LEVEL", "STRUCTURES", "SWAPPED_STRUCTURES", "HELDOUT_NOVELS",
            "HELDOUT_FROM", "AlphaOptions", "QUICK_ALPHA", "Scheme", "sweep_scheme_names",
@@ -78,86 +79,6 @@ OUTPUT_MAPS = ("wo", "bo", "w_down", "b_down", "w_out", "b_out")
 
 #: Confidence level of the intervals over windows.
 LEVEL = 0.95
-
-
-@dataclasses.dataclass(frozen=True)
-class AlphaOptions:
-    """The grid of the sweep.
-
-    Attributes:
-        alphas: global step multipliers, for every scheme (must include 1).
-        schemes: methods with a step in ``R^d``, each measured in its variants
-            (:func:`sweep_schemes`): names of the solver catalogue (:func:`sweep_scheme_names`)
-            or ``package.module:Attr``.
-        layer_alphas: multipliers applied to one layer at a time (the model's scheme; 0 removes
-            the layer).
-        profiles: slopes ``a`` of the linear profiles ``1 + a (2 l / (L - 1) - 1)`` (the
-            model's scheme).
-        windows: how many of the given text windows the sweep reads (the first ones); the
-            intervals are over these windows.
-        fit_steps: Adam steps of the fitted per-layer profile (:func:`fit_profile`; 0: no fit).
-            Each step is one forward and one backward pass over the sweep's windows.
-        fit_rate: Adam's learning rate of the fit.
-    """
-
-    alphas: tuple[float, ...] = (0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5)
-    schemes: tuple[str, ...] = ("euler", "heun", "rk4", "strang")
-    layer_alphas: tuple[float, ...] = (0.0, 0.5, 1.5)
-    profiles: tuple[float, ...] = (-0.2, 0.2)
-    windows: int = 8
-    fit_steps: int = 0
-    fit_rate: float = 0.01
-
-    def __post_init__(self) -> None:
-        for name in ("windows", "fit_steps"):
-            value = getattr(self, name)
-            least = 1 if name == "windows" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if not (isinstance(self.fit_rate, int | float) and self.fit_rate > 0):
-            raise ValueError(f"fit_rate must be a positive number, got {self.fit_rate!r}")
-        if 1.0 not in self.alphas:
-            raise ValueError(f"alphas must include 1 (the model itself), got {self.alphas}")
-        bad = [a for a in (*self.alphas, *self.layer_alphas)
-               if not (isinstance(a, int | float) and 0 <= a <= 10)]
-        if bad:
-            raise ValueError(f"alphas must be numbers in [0, 10], got {bad}")
-        unknown = unknown_methods(self.schemes, sweep_scheme_names(), splittings=True)
-        if unknown:
-            raise ValueError(f"schemes: unknown methods {unknown}; known: "
-                             f"{sweep_scheme_names()}, or package.module:Attr of a method with "
-                             "a step in R^d")
-
-
-def sweep_scheme_names() -> list[str]:
-    """``euler`` and every method of the solver catalogue with a step in ``R^d``."""
-    return ["euler", *[n for n in catalogue.names(ambient=True) if n != "euler"]]
-
-
-def unknown_methods(names: Sequence[str], known: Sequence[str], *, splittings: bool
-                    ) -> list[str]:
-    """The names of ``names`` that are neither in ``known`` nor an import path
-    ``package.module:Attr`` (:func:`svflow_jax.solvers.catalogue.get`, the current folder
-    searched first) of a method with a step in ``R^d`` (a single-field one unless
-    ``splittings``). An import path that cannot be resolved raises its ``ValueError``, after
-    ``"schemes: "`` (the field of the options that hold such names)."""
-    out = []
-    for name in names:
-        if name in known:
-            continue
-        if isinstance(name, str) and ":" in name:
-            try:
-                method = catalogue.get(name)
-            except ValueError as err:
-                raise ValueError(f"schemes: {err}") from None
-            if method.ambient is not None and (splittings or not method.is_splitting):
-                continue
-        out.append(name)
-    return out
-
-
-QUICK_ALPHA = AlphaOptions(alphas=(0.5, 1.0, 1.5), schemes=("euler", "heun", "rk4", "strang"),
-                           layer_alphas=(0.0,), profiles=(-0.2, 0.2), windows=2)
 
 
 # ============================================================================================

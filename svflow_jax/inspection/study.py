@@ -48,7 +48,8 @@ from ..claims.measure import precision_in_force
 from ..solvers import catalogue
 from ..transformer import TransformerConfig, TransformerLM, layer_params
 from ..transformer.lens import decompose_logits, logit_lens
-from .alpha_sweep import QUICK_ALPHA, AlphaOptions, alpha_sweep, final_scores, unknown_methods
+from .alpha_sweep import alpha_sweep, final_scores
+from .config import QUICK, AlphaOptions, InspectOptions, scheme_names
 
 __all__ = [
     "InspectOptions",
@@ -64,58 +65,6 @@ __all__ = [
     "progress_steps",
     "layer_groups",
 ]
-
-QUICK = dict(windows=2, window=24, substeps=(2, 4), exactness_tokens=16, alpha=QUICK_ALPHA,
-             lens=True)
-
-
-
-def scheme_names() -> list[str]:
-    """The methods the refinement study can use per layer: the single-field methods of the
-    solver catalogue with a step in ``R^d`` (:mod:`svflow_jax.solvers.catalogue`), less
-    ``euler`` (the model itself, always measured)."""
-    return [n for n in catalogue.names(splitting=False, ambient=True) if n != "euler"]
-
-
-@dataclasses.dataclass(frozen=True)
-class InspectOptions:
-    """The knobs of ``svflow inspect``.
-
-    Attributes:
-        windows: number of consecutive text windows.
-        window: tokens per window (the next-token loss scores ``window`` predictions).
-        substeps: Euler sub-steps per layer of the refinement study (each > 1).
-        schemes: higher-order methods of the refinement study: names of :func:`scheme_names`
-            or ``package.module:Attr`` of a single-field method with a step in ``R^d``.
-        exactness_tokens: tokens of the exactness check (float64 and float32).
-        alpha: the grid of the step-size sweep (:mod:`.alpha_sweep`); ``None`` skips
-            it.
-        lens: also read the model layer by layer (:func:`lens`: the logit lens after every
-            sub-step and the exact decomposition of the logits).
-    """
-
-    windows: int = 8
-    window: int = 128
-    substeps: tuple[int, ...] = (2, 4, 8)
-    schemes: tuple[str, ...] = ("heun", "rk4")
-    exactness_tokens: int = 64
-    alpha: AlphaOptions | None = AlphaOptions()
-    lens: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("windows", "window", "exactness_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.window < 2:
-            raise ValueError(f"window must be >= 2 tokens, got {self.window}")
-        if any(isinstance(m, bool) or not isinstance(m, int) or m < 2 for m in self.substeps):
-            raise ValueError(f"substeps must be integers >= 2, got {self.substeps}")
-        unknown = unknown_methods(self.schemes, scheme_names(), splittings=False)
-        if unknown:
-            raise ValueError(f"schemes: unknown methods {unknown}; known: {scheme_names()}, or "
-                             "package.module:Attr of a single-field method with a step in R^d")
-
 
 def resolve_model(model: str | Path) -> LoadedModel:
     """A packaged model name (:data:`svflow_jax.checkpoints.packaged.MODELS`), a Hugging Face

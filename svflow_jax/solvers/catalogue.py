@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from diffrax import AbstractSolver, MultiTerm, ODETerm
 
+from ..method_table import no_prenorm_form
 from .adjoint import fixed_step_loop, unroll_stages
 from .euler import GeodesicEuler, RetractedEuler
 from .lie_group import RKMK4, CrouchGrossman3
@@ -176,9 +177,7 @@ class Method:
             return self.solver
         if norm_position == "pre":
             if self.ambient is None:
-                raise ValueError(
-                    f"design {self.name!r} has no pre-norm form (its steps are rotations or "
-                    "geodesics on the sphere); use norm_position='post'")
+                raise ValueError(no_prenorm_form(self.name))
             return self.ambient
         raise ValueError(f"norm_position must be 'post' or 'pre', got {norm_position!r}")
 

@@ -41,6 +41,7 @@ from flax import nnx
 
 from svflow_jax import atomic
 from svflow_jax.designs import DesignConfig, SolverLM
+from svflow_jax.designs.rules import check_depths
 from svflow_jax.next_token import next_token_nll, weighted_mean
 from svflow_jax.solvers.catalogue import Method
 
@@ -108,12 +109,7 @@ class TrainConfig:
             if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
                        for n in depths):
                 raise ValueError(f"TrainConfig.{name} must be positive ints, got {depths!r}")
-            if depths and self.model.weights == "per_layer":
-                raise ValueError(f"{name} needs weights continuous in depth ('linear' or "
-                                 "'chebyshev'): per-layer weights change with the block count")
-        if self.extra_depths and self.random_depths:
-            raise ValueError("TrainConfig: extra_depths (every depth each step) or "
-                             "random_depths (one drawn per step), not both")
+        check_depths(self.model.weights, self.extra_depths, self.random_depths)
         for name in ("steps", "batch_size", "eval_sequences", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
