@@ -431,3 +431,19 @@ def test_a_run_that_crashed_before_its_first_checkpoint_can_be_rerun(tmp_path, m
     assert saved["lr"] == 5e-3
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+def test_a_run_resumes_with_another_remat_choice_but_not_another_model(tmp_path):
+    """``remat`` (what the backward pass recomputes) gives the same gradient, so a run saved
+    with one choice resumes with another; a change of the model itself is refused."""
+    import json
+
+    from svflow_jax.training.trainer import _settle_config
+
+    saved = TrainConfig(model=DesignConfig(remat=True), steps=10)
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_json()))
+    dots = dataclasses.replace(saved, model=saved.model.replace(remat="dots"))
+    assert _settle_config(tmp_path, dots, latest=5).model.remat == "dots"
+    wider = dataclasses.replace(saved, model=saved.model.replace(d_model=128))
+    with pytest.raises(ValueError, match="another configuration"):
+        _settle_config(tmp_path, wider, latest=5)

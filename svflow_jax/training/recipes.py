@@ -4,7 +4,10 @@
 parallel-block Transformer with RMSNorm, see :class:`~svflow_jax.designs.SolverLM`) of a size
 that trains in minutes on a laptop CPU (``docs/results/baseline.md``): width 192, 6 heads of
 32, FFN 768, 4 layers, byte context 128, batch 32, AdamW (weight decay 0.1) with a linear
-warm-up and a cosine decay to a tenth, clipping at 1. Its peak learning rate is the best of
+warm-up and a cosine decay to a tenth, clipping at 1. Its backward pass stores the matrix
+products and recomputes the rest (``remat="dots"``: the same gradient, a training step 7.6%
+faster than recomputing every block on the 2-core development machine,
+``docs/results/benchmark.md``). Its peak learning rate is the best of
 the short sweep over :data:`LR_GRID` that ``experiments/layer_designs.py --part baseline`` runs
 (the results page ``docs/results/baseline.md`` has the sweep and the learning curve).
 
@@ -28,7 +31,8 @@ __all__ = ["MODEL", "BASELINE", "RECALL", "RECALL_MODEL", "LR_GRID", "recipe"]
 #: the model of both recipes (``context`` is the Austen window; the recall task sets its own)
 MODEL: MappingProxyType[str, Any] = MappingProxyType(dict(
     design="euler", norm_position="pre", weights="per_layer", d_model=192, n_heads=6,
-    d_head=32, d_ff=768, num_steps=4, num_anchors=4, duration=4.0, context=128))
+    d_head=32, d_ff=768, num_steps=4, num_anchors=4, duration=4.0, context=128,
+    remat="dots"))
 
 #: the tuned default of ``svflow train``: byte-level Jane Austen, bits per character on
 #: *Persuasion*

@@ -258,7 +258,10 @@ def design_source(design: str | Method) -> str:
 
 
 def _comparable(config: TrainConfig) -> TrainConfig:
-    return dataclasses.replace(config, steps=1, schedule_steps=None)
+    """What must match to resume: everything but the length of the run and what the backward
+    pass recomputes (``remat`` gives the same gradient)."""
+    return dataclasses.replace(config, steps=1, schedule_steps=None,
+                               model=config.model.replace(remat=True))
 
 
 def _settle_config(out: Path, config: TrainConfig, latest: int | None) -> TrainConfig:
