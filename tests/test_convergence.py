@@ -92,3 +92,20 @@ def test_order_regime_band_is_closed():
     assert order_regime([2.5], [4, 8, 16], 1, band=0.25) == 4
     assert order_regime([3.0], [4, 8, 16], 2, band=0.25) == 4
     assert order_regime([math.nextafter(2.5, 3)], [4, 8, 16], 1, band=0.25) is None
+
+
+def test_the_quick_part_marks_the_trained_depths_of_each_arm(tmp_path):
+    """``--part convergence`` at CI size, one seed: every arm measured at every block count,
+    the untrained control from ``train``'s own starting weights, the trained depths of each
+    arm as its TrainConfig asked (N; N and 2N; N, 2N and 4N)."""
+    from layer_designs.common import QUICK
+    from layer_designs.convergence import CONVERGENCE_QUICK, run_convergence
+
+    c = dict(CONVERGENCE_QUICK, seeds=1, steps=2, multiples=[1, 2, 4])
+    results = run_convergence(tmp_path, QUICK, c, progress=False)
+    n = results["settings"]["N"]
+    rows = {r["arm"]: r for r in results["rows"]}
+    assert [rows[a]["trained_depths"] for a in c["arms"]] == [[], [n], [n, 2 * n],
+                                                              [n, 2 * n, 4 * n]]
+    assert all(len(r["ratios"]) == 1 and len(r["bpc"]) == 3 for r in rows.values())
+    assert (tmp_path / "report.md").read_text().count("**") > 0

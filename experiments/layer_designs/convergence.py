@@ -27,20 +27,27 @@ from .common import fmt
 
 __all__ = ["CONVERGENCE", "CONVERGENCE_QUICK", "run_convergence", "convergence_report"]
 
-#: the part's settings: Euler at the depth study's size; block counts N * multiples
+#: the part's settings: Euler at the depth study's size; block counts N * multiples. An arm
+#: is ``None`` (untrained) or the TrainConfig depth fields it sets, as multiples of N
 CONVERGENCE = dict(design="euler", norm="post", seeds=3, steps=400, lr=3e-3,
                    multiples=[0.5, 1, 2, 4, 8, 16, 32],
-                   arms={"untrained": None, "one depth": (), "depths N and 2N": ("extra", 2),
-                         "random depth of N, 2N, 4N": ("random", 2, 4)})
+                   arms={"untrained": None, "one depth": {},
+                         "depths N and 2N": {"extra_depths": (2,)},
+                         "random depth of N, 2N, 4N": {"random_depths": (2, 4)}})
 
 CONVERGENCE_QUICK = dict(CONVERGENCE, seeds=2, steps=6, multiples=[1, 2, 4, 8])
 
 
-def _trained_depths(spec, n: int) -> list[int]:
+def _depths(spec: dict, n: int) -> dict[str, tuple[int, ...]]:
+    """An arm's TrainConfig depth fields in blocks (its multiples of ``n`` times ``n``)."""
+    return {field: tuple(k * n for k in multiples) for field, multiples in spec.items()}
+
+
+def _trained_depths(spec: dict | None, n: int) -> list[int]:
     """The block counts an arm's loss was taken at (none for the untrained control)."""
     if spec is None:
         return []
-    return [n, *(k * n for k in spec[1:])]
+    return [n, *(d for depths in _depths(spec, n).values() for d in depths)]
 
 
 def run_convergence(out: Path, s: dict, c: dict, *, progress: bool = True) -> dict:
@@ -85,13 +92,9 @@ def run_convergence(out: Path, s: dict, c: dict, *, progress: bool = True) -> di
             if spec is None:  # the control: the weights train() would start from
                 lm = initial_model(dataclasses.replace(base, seed=seed), task)
             else:
-                kind = {"extra": "extra_depths", "random": "random_depths"}.get(
-                    spec[0] if spec else "", None)
-                config = base if kind is None else dataclasses.replace(
-                    base, **{kind: tuple(k * n for k in spec[1:])})
+                config = dataclasses.replace(base, seed=seed, **_depths(spec, n))
                 folder = out / f"{arm.split()[0]}-seed{seed}"  # resumed, or read back
-                lm = train(dataclasses.replace(config, seed=seed), folder,
-                           progress=progress).model
+                lm = train(config, folder, progress=progress).model
             r = richardson(lm, task, multiples, s["eval_sequences"])
             bpc = [row["bpc"] for row in depth_transfer(lm, task, multiples,
                                                         s["eval_sequences"])]
